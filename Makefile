@@ -1,0 +1,123 @@
+# kvtransformer
+#   make            build ./kvt (nvcc when a CUDA GPU is present, else the C build)
+#   make run        run the default model in weights/
+#   make test       build and run the test suite (./test_kvt)
+#   make test-asan  the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make test-valgrind   memcheck on a short generation
+#   make bench      speed figures of this machine (also writes bench_*.csv)
+#   make debug      -O0 -g build (-G for device code) for gdb / cuda-gdb
+#   make nvcc-check compile the CUDA build for sm_80 and sm_90 (no GPU needed)
+#   make gpu-check  on a GPU machine: nvcc build, tests and GPU bench in one go
+#   make clean
+# Override the choice with BUILD=c or BUILD=nvcc.
+
+CC    ?= cc
+NVCC  ?= $(shell command -v nvcc 2>/dev/null)
+HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q GPU && echo yes)
+
+ifeq ($(origin BUILD), undefined)
+  ifneq ($(and $(NVCC),$(HAVE_GPU)),)
+    BUILD := nvcc
+  else
+    BUILD := c
+  endif
+endif
+
+# OpenBLAS: pkg-config when it knows it, else Debian's paths.
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null || echo -I/usr/include/x86_64-linux-gnu/openblas-pthread)
+BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+HASH := \#
+HAVE_BLAS   := $(shell printf '$(HASH)include <cblas.h>\nint main(void){float x=1;cblas_sscal(1,2.0f,&x,1);return x!=2;}\n' | \
+                 $(CC) -x c - -o /dev/null $(BLAS_CFLAGS) $(BLAS_LIBS) >/dev/null 2>&1 && echo yes)
+
+# The C build: the kernels run in the OpenMP emulation (kvtransformer.cu §2).
+CFLAGS  ?= -O2
+C_ALL    = -x c -std=c11 -Wall -Wextra -fopenmp $(CFLAGS) $(BLAS_CFLAGS)
+# The nvcc build: real kernels for Ampere (sm_80) and Hopper (sm_90).
+NVFLAGS ?= -O2
+GENCODE  = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+NV_ALL   = -x cu $(GENCODE) $(NVFLAGS) -Xcompiler -fopenmp,-Wall,-Wextra $(BLAS_CFLAGS)
+LIBS     = $(BLAS_LIBS) -lm
+
+ifeq ($(BUILD),nvcc)
+  COMPILE = $(NVCC) $(NV_ALL)
+  LINKX   = -lgomp
+else
+  COMPILE = $(CC) $(C_ALL)
+  LINKX   =
+endif
+
+# Barriers of the emulated kernels are far cheaper when idle threads sleep.
+export OMP_WAIT_POLICY ?= passive
+
+.PHONY: all run test test-asan test-valgrind bench debug nvcc-check gpu-check clean deps
+
+all: deps kvt
+
+deps:
+	@echo "[make] build: $(BUILD) (nvcc: $(if $(NVCC),$(NVCC),not found); GPU: $(if $(HAVE_GPU),found,none)); OpenBLAS: $(if $(HAVE_BLAS),found,missing)"
+ifneq ($(HAVE_BLAS),yes)
+	@if [ "$$(id -u)" = 0 ]; then \
+	  echo "[make] installing OpenBLAS: apt-get install -y libopenblas-dev"; \
+	  (apt-get update -qq && apt-get install -y -qq libopenblas-dev pkg-config) || exit 1; \
+	elif sudo -n true 2>/dev/null; then \
+	  echo "[make] installing OpenBLAS: sudo apt-get install -y libopenblas-dev"; \
+	  (sudo apt-get update -qq && sudo apt-get install -y -qq libopenblas-dev pkg-config) || exit 1; \
+	else \
+	  echo "[make] OpenBLAS is missing. Install it with:"; \
+	  echo "    sudo apt-get install -y libopenblas-dev pkg-config"; \
+	  exit 1; \
+	fi
+endif
+
+kvt: kvtransformer.cu kvtransformer.h
+	$(COMPILE) kvtransformer.cu -o $@ $(LIBS) $(LINKX)
+
+test_kvt: test.c kvtransformer.cu kvtransformer.h
+	$(COMPILE) test.c -o $@ $(LIBS) $(LINKX)
+
+run: all
+	./kvt
+
+test: deps kvt test_kvt
+	./test_kvt ./kvt
+
+ASAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+test-asan: deps
+	$(CC) $(C_ALL) $(ASAN) kvtransformer.cu -o kvt-asan $(LIBS)
+	$(CC) $(C_ALL) $(ASAN) test.c -o test_kvt-asan $(LIBS)
+	ASAN_OPTIONS=detect_leaks=1 ./test_kvt-asan ./kvt-asan
+
+test-valgrind: deps kvt
+	valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
+	  ./kvt -n 32 --stats
+	valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
+	  ./kvt --random 64,2,4,2,128,100,64 -n 16 --kv-dtype int8 --chunk 3 --device gpu --check
+
+bench: deps kvt
+	./kvt --random 768,12,12,12,2048,32000,1024 --bench decode --csv bench_decode_110m.csv
+	./kvt --random 288,6,6,6,768,32000,1024 --bench positions --bench-every 64 --csv bench_positions_15m.csv
+
+debug: deps
+ifeq ($(BUILD),nvcc)
+	$(NVCC) -x cu $(GENCODE) -O0 -g -G -Xcompiler -fopenmp $(BLAS_CFLAGS) kvtransformer.cu -o kvt $(LIBS) -lgomp
+	$(NVCC) -x cu $(GENCODE) -O0 -g -G -Xcompiler -fopenmp $(BLAS_CFLAGS) test.c -o test_kvt $(LIBS) -lgomp
+else
+	$(CC) -x c -std=c11 -Wall -Wextra -fopenmp -O0 -g $(BLAS_CFLAGS) kvtransformer.cu -o kvt $(LIBS)
+	$(CC) -x c -std=c11 -Wall -Wextra -fopenmp -O0 -g $(BLAS_CFLAGS) test.c -o test_kvt $(LIBS)
+endif
+
+# CI has no GPU: this proves the CUDA path still compiles, warning-free.
+nvcc-check:
+	@test -n "$(NVCC)" || { echo "[make] nvcc not found: nvcc-check skipped"; exit 0; }; \
+	$(NVCC) $(NV_ALL) -Werror all-warnings -Xcompiler -Werror -c kvtransformer.cu -o /tmp/kvt_nvcc_check.o && \
+	$(NVCC) $(NV_ALL) -Werror all-warnings -Xcompiler -Werror -c test.c -o /tmp/kvt_nvcc_check_test.o && \
+	echo "[make] nvcc compile check: sm_80 + sm_90 clean"
+
+# The prepared device script: build with nvcc, test on the GPU, benchmark.
+gpu-check:
+	$(MAKE) clean && $(MAKE) BUILD=nvcc test
+	./kvt --random 4096,32,32,32,11008,32000,4096 --bench decode --csv bench_gpu_decode_7b.csv
+
+clean:
+	rm -f kvt test_kvt kvt-asan test_kvt-asan bench_*.csv

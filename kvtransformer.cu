@@ -1,0 +1,2165 @@
+/* kvtransformer.cu - a Llama-style decoder with a KV cache, in one file.
+ *
+ * What it is: the forward pass of a Llama model (llama2.c checkpoints), with a
+ * KV cache that can be switched off, stored in chunks, kept as fp32/fp16/int8,
+ * and read by a naive or a fused (online-softmax) attention. Every op has a CPU
+ * version (plain loops, OpenBLAS for matmuls: the spec) and right below it the
+ * CUDA kernel and its launcher. Without nvcc the same kernels run on the CPU
+ * through a small emulation (§2), so every kernel is tested everywhere.
+ *
+ * Build, run, test:   make        make run        make test       make debug
+ *   nvcc build: nvcc -x cu kvtransformer.cu ... (real GPU kernels)
+ *   C build:    cc -x c -fopenmp kvtransformer.cu ... (kernels emulated by OpenMP)
+ *
+ * Map (grep -n "// §" kvtransformer.cu):
+ *   §1  includes, errors, timers          §11 attention, naive (3 kernels)
+ *   §2  CUDA, or its emulation on the CPU §12 attention, fused (+ split/merge)
+ *   §3  device memory helpers             §13 swiglu
+ *   §4  checkpoint loading, random model  §14 residual add
+ *   §5  fp16 and int8 number formats      §15 the engine and the forward pass
+ *   §6  the KV chunk pool, sequences      §16 tokenizer
+ *   §7  embedding                         §17 sampling
+ *   §8  rmsnorm                           §18 checks (compare two arrays)
+ *   §9  matmul (sgemv/sgemm; 2 kernels)   §19 benchmarks
+ *   §10 rope, kv write (+ quantize)       §20 command line
+ *
+ * Dimensions: L layers, D model dim, NH query heads, NKV kv heads, HS head size,
+ *   KVD = NKV*HS, HD FFN hidden, V vocab, T positions so far, TMAX max positions,
+ *   CH positions per cache chunk, G channels per int8 scale, n rows in one call.
+ */
+
+// §1 includes, errors, timers ------------------------------------------------
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, fseeko, strdup */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cblas.h>
+#include "kvtransformer.h"
+
+/* Why two kinds of error: user input (a file, a flag, a prompt) can be wrong, and
+ * the caller must be able to say so and go on, so those paths return a status and
+ * leave one line here. A broken invariant or a failed CUDA call means a bug: it
+ * stops in kvt_fatal (put a gdb breakpoint there to stop at every failure). */
+static char kvt_errbuf[1024];
+
+const char *kvt_last_error(void) { return kvt_errbuf; }
+
+static kvt_status kvt_fail(kvt_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(kvt_errbuf, sizeof(kvt_errbuf), fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static void kvt_fatal(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "[KVT ERROR] %s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    exit(EXIT_FAILURE);
+}
+#define KVT_ASSERT(cond) \
+    do { if (!(cond)) kvt_fatal(__FILE__, __LINE__, "assertion failed: %s", #cond); } while (0)
+
+static void *kvt_malloc(size_t bytes) { /* invariant-level allocation (small) */
+    void *p = malloc(bytes > 0 ? bytes : 1);
+    if (!p) kvt_fatal(__FILE__, __LINE__, "out of host memory (%zu bytes)", bytes);
+    return p;
+}
+
+static double kvt_now(void) { /* seconds, monotonic */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// §2 CUDA, or its emulation on the CPU -----------------------------------------
+/* Our kernels use: a 2-D grid of 1-D blocks, threadIdx.x, blockIdx.x/.y,
+ * blockDim.x, gridDim.x/.y, __shared__ arrays, __syncthreads(), and one warp
+ * shuffle (__shfl_xor_sync on floats). No atomics (reductions stay deterministic).
+ *
+ * With nvcc these are CUDA itself. With a plain C compiler this section supplies
+ * them: a launch runs the grid's blocks one after another; the threads of a block
+ * are an OpenMP team (one OS thread per CUDA thread, so gdb shows each as a
+ * thread); __syncthreads() is the team barrier; __shared__ is `static`, so the
+ * team shares it; threadIdx/blockIdx are thread-local.
+ *
+ * Rules the emulation needs (real CUDA needs them too, it just forgives more):
+ *  - every thread of a block reaches every __syncthreads() and every shuffle the
+ *    same number of times (no barrier inside `if (tid < n)`);
+ *  - blockDim.x is a multiple of 32 for kernels that shuffle;
+ *  - a barrier costs ~50 us (2 cores, 32 threads), so the C build launches small
+ *    blocks (KVT_THREADS) and small tiles (KVT_TILE).
+ * It checks logic (indexing, tiling, barriers), not what only hardware shows
+ * (races between warps without a barrier, occupancy, speed). */
+#define KVT_MAX_THREADS 256 /* largest block any launcher uses */
+#define KVT_MAX_WARPS (KVT_MAX_THREADS / 32)
+#define KVT_MAX_HS 256      /* largest head size the attention kernels hold */
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#define KVT_THREADS 128 /* threads per block for row kernels */
+#define KVT_TILE 16     /* tiled matmul: (16 x 16) outputs, 256 threads */
+#define KVT_HD static __host__ __device__ /* a function for both CPU and GPU code */
+
+static int kvt_sync_launches = -1; /* KVT_SYNC=1: synchronize after every launch */
+static void kvt_launch_check(const char *name, const char *file, int line) {
+    cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess) {
+        if (kvt_sync_launches < 0) kvt_sync_launches = getenv("KVT_SYNC") != NULL;
+        if (kvt_sync_launches) err = cudaDeviceSynchronize();
+    }
+    if (err != cudaSuccess) kvt_fatal(file, line, "kernel %s: %s", name, cudaGetErrorString(err));
+}
+/* The one place the two builds differ in how a kernel is started. */
+#define KVT_LAUNCH(kernel, gx, gy, bx, ...)                                   \
+    do {                                                                      \
+        kernel<<<dim3((gx), (gy)), (bx)>>>(__VA_ARGS__);                      \
+        kvt_launch_check(#kernel, __FILE__, __LINE__);                        \
+    } while (0)
+#define KVT_CUDA(call)                                                        \
+    do {                                                                      \
+        cudaError_t err_ = (call);                                            \
+        if (err_ != cudaSuccess)                                              \
+            kvt_fatal(__FILE__, __LINE__, "%s: %s", #call, cudaGetErrorString(err_)); \
+    } while (0)
+#define KVT_EMULATED 0
+
+#else /* ---- the emulation: plain C + OpenMP ---- */
+#include <omp.h>
+#define KVT_THREADS 32 /* one warp: barriers are cheap only in small teams */
+#define KVT_TILE 8     /* tiled matmul: (8 x 8) outputs, 64 threads */
+#define KVT_HD static
+#define __global__ static
+#define __device__ static
+#define __shared__ static /* one copy, shared by the team that runs the block */
+#define KVT_EMULATED 1
+
+typedef struct { unsigned int x, y, z; } dim3;
+static _Thread_local dim3 threadIdx; /* each OpenMP thread is one CUDA thread */
+static _Thread_local dim3 blockIdx;
+static dim3 blockDim, gridDim;
+static int emu_nblocks;                  /* gridDim.x * gridDim.y */
+static float emu_shfl[2][KVT_MAX_THREADS]; /* exchange slots for shuffles */
+static _Thread_local int emu_shfl_parity;
+
+static void __syncthreads(void) {
+    _Pragma("omp barrier")
+}
+
+/* Lane i gets lane (i ^ mask)'s value. Every thread publishes its value, waits
+ * at a barrier, then reads its partner's. Two alternating slot arrays make one
+ * barrier enough: a thread can only rewrite an array after the next shuffle's
+ * barrier, which no thread passes before everyone read this one's values. */
+static float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
+    (void)mask;
+    int tid = (int)threadIdx.x, p = emu_shfl_parity;
+    emu_shfl_parity ^= 1;
+    emu_shfl[p][tid] = v;
+    __syncthreads();
+    return emu_shfl[p][(tid & ~31) | ((tid & 31) ^ lane_mask)];
+}
+
+static void emu_launch_begin(const char *name, int gx, int gy, int bx) {
+    if (gx < 1 || gy < 1 || bx < 1 || bx > KVT_MAX_THREADS)
+        kvt_fatal(__FILE__, __LINE__, "kernel %s: bad launch grid (%d,%d) block %d", name, gx, gy, bx);
+    gridDim.x = (unsigned)gx; gridDim.y = (unsigned)gy; gridDim.z = 1;
+    blockDim.x = (unsigned)bx; blockDim.y = 1; blockDim.z = 1;
+    emu_nblocks = gx * gy;
+    omp_set_dynamic(0); /* we need exactly bx threads, not "up to" */
+}
+static void emu_thread_begin(const char *name) {
+    if (omp_get_num_threads() != (int)blockDim.x)
+        kvt_fatal(__FILE__, __LINE__, "kernel %s: got %d threads for a block of %u "
+                  "(built without -fopenmp, or OMP_THREAD_LIMIT too low?)",
+                  name, omp_get_num_threads(), blockDim.x);
+    threadIdx.x = (unsigned)omp_get_thread_num(); threadIdx.y = 0; threadIdx.z = 0;
+    emu_shfl_parity = 0;
+}
+static void emu_block_begin(int b) {
+    blockIdx.x = (unsigned)b % gridDim.x; blockIdx.y = (unsigned)b / gridDim.x; blockIdx.z = 0;
+}
+/* A launch: one team of bx threads walks the grid block by block; the barrier
+ * after each block keeps a fast thread from starting the next block (and
+ * overwriting __shared__ arrays) while others still use them. */
+#define KVT_LAUNCH(kernel, gx, gy, bx, ...)                                   \
+    do {                                                                      \
+        emu_launch_begin(#kernel, (gx), (gy), (bx));                          \
+        _Pragma("omp parallel num_threads(blockDim.x)")                       \
+        {                                                                     \
+            emu_thread_begin(#kernel);                                        \
+            for (int emu_b = 0; emu_b < emu_nblocks; emu_b++) {               \
+                emu_block_begin(emu_b);                                       \
+                kernel(__VA_ARGS__);                                          \
+                _Pragma("omp barrier")                                        \
+            }                                                                 \
+        }                                                                     \
+    } while (0)
+
+/* The CUDA runtime calls we use, on host memory. */
+typedef int cudaError_t;
+#define cudaSuccess 0
+#define cudaErrorMemoryAllocation 2
+typedef enum { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice } cudaMemcpyKind;
+static cudaError_t cudaMalloc(void **p, size_t bytes) {
+    *p = malloc(bytes > 0 ? bytes : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+static cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+static cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+    (void)kind;
+    if (bytes) memcpy(dst, src, bytes);
+    return cudaSuccess;
+}
+static const char *cudaGetErrorString(cudaError_t e) { return e ? "out of memory" : "no error"; }
+#define KVT_CUDA(call)                                                        \
+    do {                                                                      \
+        cudaError_t err_ = (call);                                            \
+        if (err_ != cudaSuccess)                                              \
+            kvt_fatal(__FILE__, __LINE__, "%s: %s", #call, cudaGetErrorString(err_)); \
+    } while (0)
+#endif
+
+/* Sum (op 0) or max (op 1) of one value per thread over the whole block; every
+ * thread gets the result. Warp step: a butterfly of 5 shuffles leaves the warp's
+ * total in every lane. Block step: lane 0 of each warp writes it to shared
+ * memory and every thread adds the warp totals in the same fixed order, so the
+ * result is bit-identical in every thread and every run (no atomics). */
+#define KVT_SUM 0
+#define KVT_MAX 1
+__device__ float block_reduce(float v, int op) {
+    __shared__ float warp_part[KVT_MAX_WARPS];
+    int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    int nwarps = (int)blockDim.x >> 5;
+    for (int m = 16; m > 0; m >>= 1) {
+        float o = __shfl_xor_sync(0xffffffffu, v, m);
+        v = op == KVT_SUM ? v + o : fmaxf(v, o);
+    }
+    if (lane == 0) warp_part[warp] = v;
+    __syncthreads();
+    float r = warp_part[0];
+    for (int i = 1; i < nwarps; i++) r = op == KVT_SUM ? r + warp_part[i] : fmaxf(r, warp_part[i]);
+    __syncthreads(); /* warp_part may be reused by the next call */
+    return r;
+}
+
+static int kvt_cdiv(long a, long b) { return (int)((a + b - 1) / b); }
+
+// §3 device memory helpers -----------------------------------------------------
+/* Buffers of the engine live on the device it runs on: plain malloc for the CPU
+ * path, cudaMalloc for the GPU path (host memory again in the emulated build).
+ * Out of memory is a user-facing error: the model or the pool may simply be too
+ * big for this machine, and the message says how many bytes were asked for. */
+static kvt_status buf_alloc(int gpu, void **p, size_t bytes, const char *what) {
+    *p = NULL;
+    if (gpu) {
+        if (cudaMalloc(p, bytes) != cudaSuccess) {
+            *p = NULL;
+            return kvt_fail(KVT_ENOMEM, "device out of memory: %s needs %zu bytes (%.1f MiB)",
+                            what, bytes, (double)bytes / (1 << 20));
+        }
+    } else {
+        *p = malloc(bytes > 0 ? bytes : 1);
+        if (!*p)
+            return kvt_fail(KVT_ENOMEM, "host out of memory: %s needs %zu bytes (%.1f MiB)",
+                            what, bytes, (double)bytes / (1 << 20));
+    }
+    return KVT_OK;
+}
+static void buf_free(int gpu, void *p) {
+    if (!p) return;
+    if (gpu) KVT_CUDA(cudaFree(p));
+    else free(p);
+}
+/* Copy between host memory and a buffer of the engine (either device). */
+static void buf_upload(int gpu, void *dst, const void *src, size_t bytes) {
+    if (gpu) KVT_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    else if (bytes) memcpy(dst, src, bytes);
+}
+static void buf_download(int gpu, void *dst, const void *src, size_t bytes) {
+    if (gpu) KVT_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    else if (bytes) memcpy(dst, src, bytes);
+}
+
+/* 1 when GPU kernels can run: a CUDA device, or the emulation. */
+static int kvt_gpu_available(void) {
+#ifdef __CUDACC__
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+    return 1;
+#endif
+}
+static const char *kvt_gpu_name(void) {
+#ifdef __CUDACC__
+    static char name[300];
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "no CUDA device";
+    snprintf(name, sizeof(name), "%s (sm_%d%d)", prop.name, prop.major, prop.minor);
+    return name;
+#else
+    return "GPU kernels emulated on the CPU (C build, OpenMP)";
+#endif
+}
+
+// §4 checkpoint loading, random model -----------------------------------------
+/* llama2.c's format (legacy "version 0"): a header of 7 int32 (kvt_config), then
+ * fp32 tensors in the order of kvt_weights, with two RoPE tables (TMAX, HS/2)
+ * between rms_final and wcls that we skip (RoPE is computed on the fly). A
+ * negative vocab_size means the file ends with its own classifier wcls (V, D).
+ *
+ * Every size is computed in 64 bits from a validated header and compared with
+ * the file's length before anything is allocated or read: a truncated download
+ * or a file from another exporter is reported, never read past its end. */
+#define KVT_LIMIT_DIM 65536
+#define KVT_LIMIT_LAYERS 1024
+#define KVT_LIMIT_VOCAB (1 << 22)
+#define KVT_LIMIT_SEQ (1 << 20)
+
+kvt_status kvt_config_check(const kvt_config *c) {
+    struct { const char *name; long v, lo, hi; } f[] = {
+        {"dim", c->dim, 1, KVT_LIMIT_DIM},
+        {"hidden_dim", c->hidden_dim, 1, 16L * KVT_LIMIT_DIM},
+        {"n_layers", c->n_layers, 1, KVT_LIMIT_LAYERS},
+        {"n_heads", c->n_heads, 1, KVT_LIMIT_DIM},
+        {"n_kv_heads", c->n_kv_heads, 1, KVT_LIMIT_DIM},
+        {"vocab_size", labs((long)c->vocab_size), 1, KVT_LIMIT_VOCAB},
+        {"seq_len", c->seq_len, 1, KVT_LIMIT_SEQ},
+    };
+    for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
+        if (f[i].v < f[i].lo || f[i].v > f[i].hi)
+            return kvt_fail(KVT_EFORMAT, "header field %s = %ld is out of range [%ld, %ld]",
+                            f[i].name, f[i].v, f[i].lo, f[i].hi);
+    if (c->dim % c->n_heads)
+        return kvt_fail(KVT_EFORMAT, "header: n_heads = %d does not divide dim = %d", c->n_heads, c->dim);
+    if (c->n_heads % c->n_kv_heads)
+        return kvt_fail(KVT_EFORMAT, "header: n_kv_heads = %d does not divide n_heads = %d",
+                        c->n_kv_heads, c->n_heads);
+    int hs = c->dim / c->n_heads;
+    if (hs % 2 || hs > KVT_MAX_HS)
+        return kvt_fail(KVT_EFORMAT, "header: head size dim/n_heads = %d must be even and <= %d",
+                        hs, KVT_MAX_HS);
+    return KVT_OK;
+}
+
+/* Number of floats after the header, in 64-bit arithmetic. */
+static size_t kvt_checkpoint_floats(const kvt_config *c, int shared) {
+    size_t D = (size_t)c->dim, HD = (size_t)c->hidden_dim, L = (size_t)c->n_layers;
+    size_t V = (size_t)labs((long)c->vocab_size), HS = D / (size_t)c->n_heads;
+    size_t KVD = (size_t)c->n_kv_heads * HS;
+    size_t n = V * D                        /* token_embedding */
+             + L * D                        /* rms_att */
+             + L * (D * D + 2 * KVD * D + D * D) /* wq wk wv wo */
+             + L * D                        /* rms_ffn */
+             + L * 3 * HD * D               /* w1 w2 w3 */
+             + D                            /* rms_final */
+             + (size_t)c->seq_len * HS;     /* two RoPE tables, skipped */
+    return shared ? n : n + V * D;          /* wcls */
+}
+
+static void kvt_weights_map(kvt_weights *w, float *p, const kvt_config *c, int shared) {
+    size_t D = (size_t)c->dim, HD = (size_t)c->hidden_dim, L = (size_t)c->n_layers;
+    size_t V = (size_t)c->vocab_size, HS = D / (size_t)c->n_heads;
+    size_t KVD = (size_t)c->n_kv_heads * HS;
+    w->token_embedding = p; p += V * D;
+    w->rms_att = p;         p += L * D;
+    w->wq = p;              p += L * D * D;
+    w->wk = p;              p += L * KVD * D;
+    w->wv = p;              p += L * KVD * D;
+    w->wo = p;              p += L * D * D;
+    w->rms_ffn = p;         p += L * D;
+    w->w1 = p;              p += L * HD * D;
+    w->w2 = p;              p += L * D * HD;
+    w->w3 = p;              p += L * HD * D;
+    w->rms_final = p;       p += D;
+    p += (size_t)c->seq_len * HS; /* freq_cis_real, freq_cis_imag */
+    w->wcls = shared ? w->token_embedding : p;
+}
+
+static kvt_status kvt_model_setup(kvt_model *m, kvt_config c, int shared) {
+    memset(m, 0, sizeof(*m));
+    m->c = c;
+    m->shared_classifier = shared;
+    m->head_size = c.dim / c.n_heads;
+    m->kv_dim = c.n_kv_heads * m->head_size;
+    m->n_floats = kvt_checkpoint_floats(&c, shared);
+    m->data = (float *)malloc(m->n_floats * sizeof(float));
+    if (!m->data)
+        return kvt_fail(KVT_ENOMEM, "host out of memory: model weights need %zu bytes",
+                        m->n_floats * sizeof(float));
+    kvt_weights_map(&m->w, m->data, &c, shared);
+    return KVT_OK;
+}
+
+kvt_status kvt_model_load(kvt_model *m, const char *path) {
+    memset(m, 0, sizeof(*m));
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvt_fail(KVT_EIO, "cannot open checkpoint '%s'", path);
+    fseeko(f, 0, SEEK_END);
+    long long file_bytes = (long long)ftello(f);
+    fseeko(f, 0, SEEK_SET);
+    kvt_config c;
+    if (file_bytes < (long long)sizeof(c) || fread(&c, sizeof(c), 1, f) != 1) {
+        fclose(f);
+        return kvt_fail(KVT_EFORMAT, "checkpoint '%s': %lld bytes, too short for the 28-byte header",
+                        path, file_bytes);
+    }
+    if (c.dim == 0x616b3432) { /* "ak42": llama2.c's newer export versions */
+        fclose(f);
+        return kvt_fail(KVT_EFORMAT, "checkpoint '%s' has llama2.c's versioned header (magic 'ak42'); "
+                        "export it in the legacy version 0 format", path);
+    }
+    kvt_status st = kvt_config_check(&c);
+    if (st != KVT_OK) {
+        fclose(f);
+        char msg[sizeof(kvt_errbuf)];
+        snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
+        return kvt_fail(st, "checkpoint '%s': %s", path, msg);
+    }
+    int shared = c.vocab_size > 0;
+    c.vocab_size = abs(c.vocab_size);
+    long long want = (long long)sizeof(c) + 4LL * (long long)kvt_checkpoint_floats(&c, shared);
+    if (file_bytes != want) {
+        fclose(f);
+        return kvt_fail(KVT_EFORMAT, "checkpoint '%s': its header (dim %d, hidden_dim %d, n_layers %d, "
+                        "n_heads %d, n_kv_heads %d, vocab_size %d%s, seq_len %d) needs %lld bytes, "
+                        "the file has %lld (%s)", path, c.dim, c.hidden_dim, c.n_layers, c.n_heads,
+                        c.n_kv_heads, c.vocab_size, shared ? " shared" : " unshared", c.seq_len,
+                        want, file_bytes, file_bytes < want ? "truncated" : "extra bytes at the end");
+    }
+    st = kvt_model_setup(m, c, shared);
+    if (st != KVT_OK) { fclose(f); return st; }
+    size_t got = fread(m->data, sizeof(float), m->n_floats, f);
+    fclose(f);
+    if (got != m->n_floats) {
+        kvt_model_free(m);
+        return kvt_fail(KVT_EIO, "checkpoint '%s': read %zu of %zu floats", path, got, m->n_floats);
+    }
+    return KVT_OK;
+}
+
+/* xorshift64*: a tiny, fixed random generator (same numbers on every machine). */
+static uint64_t kvt_rng_u64(uint64_t *s) {
+    *s ^= *s >> 12; *s ^= *s << 25; *s ^= *s >> 27;
+    return *s * 0x2545F4914F6CDD1DULL;
+}
+static float kvt_rng_f32(uint64_t *s) { /* uniform in [0, 1) */
+    return (float)(kvt_rng_u64(s) >> 40) / 16777216.0f;
+}
+static void kvt_fill_uniform(float *x, size_t n, float scale, float offset, uint64_t *s) {
+    for (size_t i = 0; i < n; i++) x[i] = offset + scale * (2.0f * kvt_rng_f32(s) - 1.0f);
+}
+
+/* A prompt of n deterministic token ids (for random models and benchmarks). */
+static void kvt_fake_tokens(int *t, int n, int V) {
+    uint64_t s = 12345;
+    for (int i = 0; i < n; i++) t[i] = (int)(kvt_rng_u64(&s) % (uint64_t)V);
+}
+
+/* A random model: weights uniform in +-1/sqrt(fan_in) (activations keep their
+ * size through the layers), norm weights near 1, and a classifier scaled up so
+ * that logits are spread out (std ~5): greedy decoding then has clear winners,
+ * which the cache on/off equality tests rely on. */
+kvt_status kvt_model_random(kvt_model *m, kvt_config c, uint64_t seed) {
+    memset(m, 0, sizeof(*m));
+    kvt_status st = kvt_config_check(&c);
+    if (st != KVT_OK) return st;
+    int shared = c.vocab_size > 0;
+    c.vocab_size = abs(c.vocab_size);
+    st = kvt_model_setup(m, c, shared);
+    if (st != KVT_OK) return st;
+    memset(m->data, 0, m->n_floats * sizeof(float));
+    uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 1;
+    size_t D = (size_t)c.dim, HD = (size_t)c.hidden_dim, L = (size_t)c.n_layers, V = (size_t)c.vocab_size;
+    size_t KVD = (size_t)m->kv_dim;
+    float sd = 1.0f / sqrtf((float)D), sh = 1.0f / sqrtf((float)HD);
+    kvt_weights *w = &m->w;
+    kvt_fill_uniform(w->token_embedding, V * D, 1.0f, 0.0f, &s);
+    kvt_fill_uniform(w->rms_att, L * D, 0.1f, 1.0f, &s);
+    kvt_fill_uniform(w->wq, L * D * D, sd, 0.0f, &s);
+    kvt_fill_uniform(w->wk, L * KVD * D, sd, 0.0f, &s);
+    kvt_fill_uniform(w->wv, L * KVD * D, sd, 0.0f, &s);
+    kvt_fill_uniform(w->wo, L * D * D, sd, 0.0f, &s);
+    kvt_fill_uniform(w->rms_ffn, L * D, 0.1f, 1.0f, &s);
+    kvt_fill_uniform(w->w1, L * HD * D, sd, 0.0f, &s);
+    kvt_fill_uniform(w->w2, L * D * HD, sh, 0.0f, &s);
+    kvt_fill_uniform(w->w3, L * HD * D, sd, 0.0f, &s);
+    kvt_fill_uniform(w->rms_final, D, 0.1f, 1.0f, &s);
+    if (!shared) kvt_fill_uniform(w->wcls, V * D, 8.0f * sd, 0.0f, &s);
+    return KVT_OK;
+}
+
+void kvt_model_free(kvt_model *m) {
+    free(m->data);
+    if (m->d_data) KVT_CUDA(cudaFree(m->d_data));
+    memset(m, 0, sizeof(*m));
+}
+
+/* The weights on the device (uploaded once, on first use by a GPU engine). */
+static kvt_status kvt_model_upload(kvt_model *m) {
+    if (m->d_data) return KVT_OK;
+    void *p;
+    kvt_status st = buf_alloc(1, &p, m->n_floats * sizeof(float), "model weights");
+    if (st != KVT_OK) return st;
+    m->d_data = (float *)p;
+    buf_upload(1, m->d_data, m->data, m->n_floats * sizeof(float));
+    kvt_weights_map(&m->d_w, m->d_data, &m->c, m->shared_classifier);
+    return KVT_OK;
+}
+
+// §5 fp16 and int8 number formats ---------------------------------------------
+/* fp16 (IEEE half): 1 sign, 5 exponent (bias 15), 10 mantissa bits. The cache
+ * stores halves as uint16_t bits and all arithmetic stays fp32. These two
+ * functions are plain bit manipulation, so the C build needs no compiler
+ * extension, and the CPU and GPU paths round identically (nearest, ties to even). */
+typedef union { float f; uint32_t u; } kvt_bits;
+
+KVT_HD uint16_t f32_to_f16(float f) {
+    kvt_bits b;
+    b.f = f;
+    uint32_t sign = (b.u >> 16) & 0x8000u, a = b.u & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u)); /* inf, nan */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
+    if (a < 0x38800000u) {                /* below 2^-14: a subnormal half (or 0) */
+        if (a <= 0x33000000u) return (uint16_t)sign; /* <= 2^-25 rounds to 0 */
+        uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+        int shift = 126 - (int)(a >> 23);  /* value / 2^-24 = mant >> shift */
+        uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1u))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t h = (a - 0x38000000u) >> 13; /* rebias exponent 127 -> 15, drop 13 bits */
+    uint32_t rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* a carry may bump the exponent: right */
+    return (uint16_t)(sign | h);
+}
+KVT_HD float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    kvt_bits b;
+    if (e == 0) { /* zero or subnormal: m * 2^-24, exact in fp32 */
+        float v = (float)m * 5.9604644775390625e-8f;
+        return sign ? -v : v;
+    }
+    b.u = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112u) << 23) | (m << 13);
+    return b.f;
+}
+
+/* int8, symmetric, one fp32 scale per group of g channels (DESIGN.md):
+ *   scale = max|x| / 127,  q = clamp(round(x / scale), -127, 127),  x ~ scale * q.
+ * Rounding to nearest makes |x - scale*q| <= scale/2. Why per group and not per
+ * tensor: one outlier channel would otherwise blow up the scale of everything.
+ * Why -127 and not -128: a symmetric range keeps 0 exact and -x == -(x).
+ * An all-zero group gets scale 0 and q = 0: no division by zero. */
+KVT_HD float quantize_group(const float *x, int8_t *q, int g) {
+    float amax = 0.0f;
+    for (int i = 0; i < g; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float scale = amax / 127.0f;
+    for (int i = 0; i < g; i++) {
+        float v = scale > 0.0f ? roundf(x[i] / scale) : 0.0f;
+        v = v != v ? 0.0f : fminf(127.0f, fmaxf(-127.0f, v)); /* NaN -> 0, clamp */
+        q[i] = (int8_t)v;
+    }
+    return scale;
+}
+
+uint16_t kvt_f32_to_f16(float x) { return f32_to_f16(x); }
+float kvt_f16_to_f32(uint16_t h) { return f16_to_f32(h); }
+float kvt_quantize_group(const float *x, int8_t *q, int g) { return quantize_group(x, q, g); }
+
+static size_t kvt_dtype_bytes(kvt_dtype t) { return t == KVT_FP32 ? 4 : t == KVT_FP16 ? 2 : 1; }
+static const char *kvt_dtype_name(kvt_dtype t) { return t == KVT_FP32 ? "fp32" : t == KVT_FP16 ? "fp16" : "int8"; }
+
+// §6 the KV chunk pool, sequences ---------------------------------------------
+/* Picture of the cache:
+ *
+ *   sequence (kvt_seq)          pool (kvt_pool): n_chunks chunks of CH positions
+ *   table: [ 7 | 2 | 5 ]  --->  chunk 2: layer 0: K (CH, NKV, HS)  V (CH, NKV, HS)
+ *   len:   2*CH + 3                      layer 1: K ...            V ...
+ *                                        ...
+ *   position t lives in chunk table[t / CH], slot t % CH.
+ *
+ * Why chunks: a sequence takes memory as it grows, one chunk at a time, instead
+ * of reserving TMAX positions up front; at most CH-1 slots per sequence sit
+ * unused. CH = TMAX is the classic preallocated contiguous buffer, so the same
+ * code shows both strategies. Free chunks sit on a stack (free_list). Each chunk
+ * has a reference count so that sequences can share chunks (kvt_seq_fork); a
+ * shared chunk is copied before anyone writes into it (copy-on-write). */
+static kvt_status pool_init(kvt_pool *p, int gpu, int L, int NKV, int HS, int CH,
+                            int n_chunks, kvt_dtype dt, int G) {
+    memset(p, 0, sizeof(*p));
+    p->L = L; p->NKV = NKV; p->HS = HS; p->CH = CH; p->n_chunks = n_chunks;
+    p->dtype = dt; p->G = G; p->on_device = gpu;
+    p->chunk_elems = (size_t)L * 2 * CH * NKV * HS;
+    p->chunk_scales = dt == KVT_INT8 ? p->chunk_elems / (size_t)G : 0;
+    kvt_status st = buf_alloc(gpu, &p->data, p->chunk_elems * kvt_dtype_bytes(dt) * (size_t)n_chunks,
+                              "the KV cache pool");
+    if (st == KVT_OK && dt == KVT_INT8) {
+        void *s;
+        st = buf_alloc(gpu, &s, p->chunk_scales * sizeof(float) * (size_t)n_chunks, "the int8 KV scales");
+        p->scales = (float *)s;
+    }
+    if (st != KVT_OK) { buf_free(gpu, p->data); p->data = NULL; return st; }
+    p->refcount = (int *)kvt_malloc((size_t)n_chunks * sizeof(int));
+    p->free_list = (int *)kvt_malloc((size_t)n_chunks * sizeof(int));
+    for (int i = 0; i < n_chunks; i++) {
+        p->refcount[i] = 0;
+        p->free_list[i] = n_chunks - 1 - i; /* pop order 0, 1, 2, ...: easy to follow in gdb */
+    }
+    p->n_free = n_chunks;
+    return KVT_OK;
+}
+static void pool_free(kvt_pool *p) {
+    buf_free(p->on_device, p->data);
+    buf_free(p->on_device, p->scales);
+    free(p->refcount);
+    free(p->free_list);
+    memset(p, 0, sizeof(*p));
+}
+static int pool_take(kvt_pool *p) { /* caller checked n_free > 0 */
+    KVT_ASSERT(p->n_free > 0);
+    int id = p->free_list[--p->n_free];
+    KVT_ASSERT(p->refcount[id] == 0);
+    p->refcount[id] = 1;
+    int used = p->n_chunks - p->n_free;
+    if (used > p->peak_used) p->peak_used = used;
+    return id;
+}
+static void pool_release(kvt_pool *p, int id) {
+    KVT_ASSERT(id >= 0 && id < p->n_chunks && p->refcount[id] > 0);
+    if (--p->refcount[id] == 0) p->free_list[p->n_free++] = id;
+}
+/* Copy chunk src into chunk dst (data and scales), on whichever device holds them. */
+static void pool_copy_chunk(kvt_pool *p, int dst, int src) {
+    size_t eb = p->chunk_elems * kvt_dtype_bytes(p->dtype), sb = p->chunk_scales * sizeof(float);
+    char *d = (char *)p->data;
+    if (p->on_device) KVT_CUDA(cudaMemcpy(d + (size_t)dst * eb, d + (size_t)src * eb, eb, cudaMemcpyDeviceToDevice));
+    else memcpy(d + (size_t)dst * eb, d + (size_t)src * eb, eb);
+    if (!sb) return;
+    if (p->on_device) KVT_CUDA(cudaMemcpy(p->scales + (size_t)dst * p->chunk_scales,
+                                          p->scales + (size_t)src * p->chunk_scales, sb, cudaMemcpyDeviceToDevice));
+    else memcpy(p->scales + (size_t)dst * p->chunk_scales, p->scales + (size_t)src * p->chunk_scales, sb);
+}
+
+/* Make room for positions [0, new_len) of s: one chunk per CH positions, plus a
+ * private copy of a shared chunk that the next position would be written into.
+ * Nothing changes unless all of it fits (so an exhausted pool loses nothing). */
+static kvt_status seq_reserve(kvt_pool *p, kvt_seq *s, int new_len, const char *who) {
+    int want = kvt_cdiv(new_len, p->CH);
+    int cow = s->len % p->CH != 0 && new_len > s->len && p->refcount[s->table[s->len / p->CH]] > 1;
+    int need = want - s->n_table + cow;
+    if (need > p->n_free)
+        return kvt_fail(KVT_EPOOL, "KV cache pool exhausted: %s needs %d more chunk(s) of %d positions "
+                        "to reach %d positions, but only %d of %d chunks are free; raise --chunks "
+                        "(or use a larger --chunk)", who, need, p->CH, new_len, p->n_free, p->n_chunks);
+    if (cow) { /* copy-on-write: the partly filled last chunk is shared */
+        int i = s->len / p->CH, fresh = pool_take(p);
+        pool_copy_chunk(p, fresh, s->table[i]);
+        pool_release(p, s->table[i]);
+        s->table[i] = fresh;
+        p->cow_copies++;
+    }
+    while (s->n_table < want) s->table[s->n_table++] = pool_take(p);
+    return KVT_OK;
+}
+
+// §7 embedding ------------------------------------------------------------------
+/* x[r, :] = token_embedding[tokens[r], :]        PyTorch: x = emb(tokens)
+ * tokens (n), table (V, D) -> x (n, D). Tokens were range-checked by the caller. */
+static void embed_cpu(float *x, const float *table, const int *tokens, int n, int D) {
+    for (int r = 0; r < n; r++)
+        memcpy(x + (size_t)r * D, table + (size_t)tokens[r] * D, (size_t)D * sizeof(float));
+}
+/* grid (n), block (KVT_THREADS): one block per row, threads stride over channels. */
+__global__ void embed_kernel(float *x, const float *table, const int *tokens, int n, int D) {
+    int r = (int)blockIdx.x;
+    if (r >= n) return;
+    for (int c = (int)threadIdx.x; c < D; c += (int)blockDim.x)
+        x[(size_t)r * D + c] = table[(size_t)tokens[r] * D + c];
+}
+static void embed_gpu(float *x, const float *table, const int *tokens, int n, int D) {
+    KVT_LAUNCH(embed_kernel, n, 1, KVT_THREADS, x, table, tokens, n, D);
+}
+
+// §8 rmsnorm ---------------------------------------------------------------------
+/* out = x / sqrt(mean(x^2) + eps) * w             PyTorch: F.rms_norm(x, (D,), w, 1e-5)
+ * Zhang & Sennrich 2019. x (n, D), w (D) -> out (n, D). out may equal x. */
+#define KVT_RMS_EPS 1e-5f
+static void rmsnorm_cpu(float *out, const float *x, const float *w, int n, int D) {
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * D;
+        float ss = 0.0f;
+        for (int c = 0; c < D; c++) ss += xr[c] * xr[c];
+        float inv = 1.0f / sqrtf(ss / (float)D + KVT_RMS_EPS);
+        for (int c = 0; c < D; c++) out[(size_t)r * D + c] = w[c] * (xr[c] * inv);
+    }
+}
+/* grid (n), block (KVT_THREADS): one block per row; each thread sums the squares
+ * of its channels, block_reduce adds the partial sums, then each thread scales
+ * its channels. A thread reads x[c] before writing out[c], so out == x is safe. */
+__global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int n, int D) {
+    int r = (int)blockIdx.x;
+    const float *xr = x + (size_t)r * D;
+    float ss = 0.0f;
+    for (int c = (int)threadIdx.x; c < D; c += (int)blockDim.x) ss += xr[c] * xr[c];
+    ss = block_reduce(ss, KVT_SUM); /* every thread of the block must reach this */
+    float inv = 1.0f / sqrtf(ss / (float)D + KVT_RMS_EPS);
+    for (int c = (int)threadIdx.x; c < D; c += (int)blockDim.x) out[(size_t)r * D + c] = w[c] * (xr[c] * inv);
+    (void)n;
+}
+static void rmsnorm_gpu(float *out, const float *x, const float *w, int n, int D) {
+    KVT_LAUNCH(rmsnorm_kernel, n, 1, KVT_THREADS, out, x, w, n, D);
+}
+
+// §9 matmul ----------------------------------------------------------------------
+/* out = x @ w^T                                   PyTorch: F.linear(x, w)
+ * x (n, k), w (d, k) (rows = outputs, as nn.Linear stores them) -> out (n, d).
+ * Decode (n = 1) reads every weight once to do 2 flops with it: the speed limit
+ * is memory bandwidth, which is why a small KV cache read next to it is cheap.
+ * The CPU path is OpenBLAS: sgemv for one row, sgemm for a prefill. */
+static void matmul_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
+    if (n == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, d, k, 1.0f, w, k, x, 1, 0.0f, out, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, d, k, 1.0f, x, k, w, k, 0.0f, out, d);
+}
+
+/* Decode kernel. grid (ceil(d / (32 * warps)), n), block (32 * warps): each warp
+ * owns 32 consecutive output rows. Lane l walks the columns l, l+32, ... of all
+ * 32 rows (so a warp reads 32 adjacent floats of a row at once: coalesced) and
+ * keeps 32 partial sums. The warp then transposes them through shared memory:
+ * lane l adds up the 32 partials of row row0+l. One barrier per 32 rows.
+ *
+ *   part[warp]:   lane 0   lane 1  ...  lane 31      <- written as acc[i]
+ *       row0+0  [  p00      p01    ...   p0,31 ]  -> summed by lane 0
+ *       row0+1  [  p10      p11    ...   p1,31 ]  -> summed by lane 1 ...      */
+__global__ void matmul_rows_kernel(float *out, const float *x, const float *w, int n, int k, int d) {
+    __shared__ float part[KVT_MAX_WARPS][32][33]; /* 33: no bank conflicts on the transpose */
+    int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, nwarps = (int)blockDim.x >> 5;
+    int r = (int)blockIdx.y, row0 = ((int)blockIdx.x * nwarps + warp) * 32;
+    const float *xr = x + (size_t)r * k;
+    float acc[32];
+    for (int i = 0; i < 32; i++) acc[i] = 0.0f;
+    for (int c = lane; c < k; c += 32) {
+        float xc = xr[c];
+        for (int i = 0; i < 32; i++)
+            if (row0 + i < d) acc[i] += w[(size_t)(row0 + i) * k + c] * xc;
+    }
+    for (int i = 0; i < 32; i++) part[warp][i][lane] = acc[i];
+    __syncthreads();
+    if (row0 + lane < d) {
+        float s = 0.0f;
+        for (int j = 0; j < 32; j++) s += part[warp][lane][j];
+        out[(size_t)r * d + row0 + lane] = s;
+    }
+    (void)n;
+}
+static void matmul_rows_gpu(float *out, const float *x, const float *w, int n, int k, int d) {
+    KVT_LAUNCH(matmul_rows_kernel, kvt_cdiv(d, KVT_THREADS), n, KVT_THREADS, out, x, w, n, k, d);
+}
+
+/* Prefill kernel, the textbook tiled matmul. grid (ceil(d/TILE), ceil(n/TILE)),
+ * block (TILE*TILE): thread (ty, tx) computes out[row0+ty][col0+tx]. The k axis
+ * is walked in TILE-wide steps; each step loads a TILE x TILE tile of x and of w
+ * into shared memory (each thread loads one element of each), so every element
+ * loaded from global memory is used TILE times.
+ *   first barrier: the tiles are complete before anyone reads them;
+ *   second barrier: nobody overwrites a tile another thread still reads. */
+__global__ void matmul_tiled_kernel(float *out, const float *x, const float *w, int n, int k, int d) {
+    __shared__ float xs[KVT_TILE][KVT_TILE + 1];
+    __shared__ float ws[KVT_TILE][KVT_TILE + 1];
+    int tx = (int)threadIdx.x % KVT_TILE, ty = (int)threadIdx.x / KVT_TILE;
+    int row = (int)blockIdx.y * KVT_TILE + ty;    /* row of x and out */
+    int col = (int)blockIdx.x * KVT_TILE + tx;    /* output column = row of w */
+    int wrow = (int)blockIdx.x * KVT_TILE + ty;   /* the w row this thread loads */
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < k; k0 += KVT_TILE) {
+        xs[ty][tx] = row < n && k0 + tx < k ? x[(size_t)row * k + k0 + tx] : 0.0f;
+        ws[ty][tx] = wrow < d && k0 + tx < k ? w[(size_t)wrow * k + k0 + tx] : 0.0f;
+        __syncthreads();
+        for (int j = 0; j < KVT_TILE; j++) acc += xs[ty][j] * ws[tx][j];
+        __syncthreads();
+    }
+    if (row < n && col < d) out[(size_t)row * d + col] = acc;
+}
+static void matmul_tiled_gpu(float *out, const float *x, const float *w, int n, int k, int d) {
+    KVT_LAUNCH(matmul_tiled_kernel, kvt_cdiv(d, KVT_TILE), kvt_cdiv(n, KVT_TILE), KVT_TILE * KVT_TILE,
+               out, x, w, n, k, d);
+}
+static void matmul_gpu(float *out, const float *x, const float *w, int n, int k, int d) {
+    if (n == 1) matmul_rows_gpu(out, x, w, n, k, d);
+    else matmul_tiled_gpu(out, x, w, n, k, d);
+}
+
+// §10 rope, kv write (+ quantize) -------------------------------------------------
+/* RoPE (Su et al. 2021): inside each head, channels (2i, 2i+1) are a point in the
+ * plane, rotated by the angle pos * 10000^(-2i/HS). The dot product of a rotated
+ * q and k then depends only on their distance in positions. This is llama2.c's
+ * (and Meta's) adjacent-pair layout, not the "rotate_half" layout of HF exports.
+ * q (n, NH*HS), k (n, NKV*HS), row_pos (n): rotated in place. */
+KVT_HD void rope_rotate(float *v, int i2, int HS, int pos) { /* v[0], v[1] = channels i2, i2+1 */
+    float freq = 1.0f / powf(10000.0f, (float)i2 / (float)HS);
+    float a = (float)pos * freq, cs = cosf(a), sn = sinf(a);
+    float x0 = v[0], x1 = v[1];
+    v[0] = x0 * cs - x1 * sn;
+    v[1] = x0 * sn + x1 * cs;
+}
+static void rope_cpu(float *q, float *k, const int *row_pos, int n, int NH, int NKV, int HS) {
+    for (int r = 0; r < n; r++) {
+        for (int i = 0; i < NH * HS; i += 2) rope_rotate(q + (size_t)r * NH * HS + i, i % HS, HS, row_pos[r]);
+        for (int i = 0; i < NKV * HS; i += 2) rope_rotate(k + (size_t)r * NKV * HS + i, i % HS, HS, row_pos[r]);
+    }
+}
+/* grid (n), block (KVT_THREADS): thread j rotates pair j of q, then of k. */
+__global__ void rope_kernel(float *q, float *k, const int *row_pos, int n, int NH, int NKV, int HS) {
+    int r = (int)blockIdx.x;
+    for (int j = (int)threadIdx.x; j < (NH + NKV) * HS / 2; j += (int)blockDim.x) {
+        int i = 2 * j;
+        if (i < NH * HS) rope_rotate(q + (size_t)r * NH * HS + i, i % HS, HS, row_pos[r]);
+        else rope_rotate(k + (size_t)r * NKV * HS + (i - NH * HS), (i - NH * HS) % HS, HS, row_pos[r]);
+    }
+    (void)n;
+}
+static void rope_gpu(float *q, float *k, const int *row_pos, int n, int NH, int NKV, int HS) {
+    KVT_LAUNCH(rope_kernel, n, 1, KVT_THREADS, q, k, row_pos, n, NH, NKV, HS);
+}
+
+/* The cache as the attention and kv-write code sees it: the pool's storage plus,
+ * for each of the n rows of this call, where its sequence's chunk table starts
+ * in `tables`, its position, and its sequence's length after this call. Rows of
+ * one call may belong to different sequences (batched decode). */
+typedef struct {
+    void *data;          /* pool storage (n_chunks, L, 2, CH, NKV, HS), dtype */
+    float *scales;       /* int8: one per G consecutive elements of data */
+    int dtype, G, CH, NKV, HS;
+    size_t chunk_elems;  /* L * 2 * CH * NKV * HS */
+    const int *tables;   /* chunk tables of the sequences in this call, concatenated */
+    const int *row_tab;  /* (n) offset of row r's table in tables */
+    const int *row_pos;  /* (n) position of row r */
+    const int *row_len;  /* (n) length of row r's sequence once this call is done */
+} kvt_kv;
+
+/* Element index in the pool of channel 0 of head h, K (which 0) or V (1), of
+ * layer l, at position pos of the sequence whose table starts at tables[tab]. */
+KVT_HD size_t kv_index(const kvt_kv *kv, int l, int which, int tab, int pos, int h) {
+    int chunk = kv->tables[tab + pos / kv->CH], slot = pos % kv->CH;
+    return (size_t)chunk * kv->chunk_elems +
+           ((size_t)(l * 2 + which) * kv->CH + slot) * (size_t)(kv->NKV * kv->HS) + (size_t)h * kv->HS;
+}
+/* One cached value as fp32: this is where fp16 and int8 are decoded, inside the
+ * attention loops ("in registers"), never in a separate pass over the cache. */
+KVT_HD float kv_load(const kvt_kv *kv, size_t i) {
+    if (kv->dtype == KVT_FP32) return ((const float *)kv->data)[i];
+    if (kv->dtype == KVT_FP16) return f16_to_f32(((const uint16_t *)kv->data)[i]);
+    return (float)((const int8_t *)kv->data)[i] * kv->scales[i / (size_t)kv->G];
+}
+/* Store `count` values at element i: copy, round to half, or quantize as one
+ * group (int8 callers pass count = G, so i is a multiple of G). */
+KVT_HD void kv_store(const kvt_kv *kv, size_t i, const float *src, int count) {
+    if (kv->dtype == KVT_FP32) {
+        for (int c = 0; c < count; c++) ((float *)kv->data)[i + c] = src[c];
+    } else if (kv->dtype == KVT_FP16) {
+        for (int c = 0; c < count; c++) ((uint16_t *)kv->data)[i + c] = f32_to_f16(src[c]);
+    } else {
+        kv->scales[i / (size_t)kv->G] = quantize_group(src, (int8_t *)kv->data + i, count);
+    }
+}
+
+/* Write the new rows' K and V into their chunks (quantizing on the way in).
+ * k, v (n, KVD) -> pool slots at (layer l, row_pos[r]). The unit of work is one
+ * value, or one group of G values for int8 (a scale covers the whole group). */
+static void kv_write_cpu(kvt_kv kv, const float *k, const float *v, int l, int n) {
+    int unit = kv.dtype == KVT_INT8 ? kv.G : 1, KVD = kv.NKV * kv.HS;
+    for (int r = 0; r < n; r++)
+        for (int which = 0; which < 2; which++)
+            for (int h = 0; h < kv.NKV; h++)
+                for (int c = 0; c < kv.HS; c += unit) {
+                    const float *src = (which ? v : k) + (size_t)r * KVD + h * kv.HS + c;
+                    kv_store(&kv, kv_index(&kv, l, which, kv.row_tab[r], kv.row_pos[r], h) + c, src, unit);
+                }
+}
+/* grid (n), block (KVT_THREADS): threads stride over the 2*KVD/unit units of a row. */
+__global__ void kv_write_kernel(kvt_kv kv, const float *k, const float *v, int l, int n) {
+    int r = (int)blockIdx.x, unit = kv.dtype == KVT_INT8 ? kv.G : 1, KVD = kv.NKV * kv.HS;
+    for (int u = (int)threadIdx.x; u < 2 * KVD / unit; u += (int)blockDim.x) {
+        int which = u / (KVD / unit), e = (u % (KVD / unit)) * unit, h = e / kv.HS, c = e % kv.HS;
+        const float *src = (which ? v : k) + (size_t)r * KVD + e;
+        kv_store(&kv, kv_index(&kv, l, which, kv.row_tab[r], kv.row_pos[r], h) + c, src, unit);
+    }
+    (void)n;
+}
+static void kv_write_gpu(kvt_kv kv, const float *k, const float *v, int l, int n) {
+    KVT_LAUNCH(kv_write_kernel, n, 1, KVT_THREADS, kv, k, v, l, n);
+}
+
+// §11 attention, naive ------------------------------------------------------------
+/* For row r (position p = row_pos[r]) and query head h, with kv head
+ * kh = h / (NH/NKV) (grouped-query attention: NH/NKV query heads share one K/V):
+ *   s[t] = q . K[t] / sqrt(HS) for t <= p,   s[t] = -inf for p < t < row_len[r]
+ *   a = softmax(s),   out = sum_t a[t] V[t]
+ * PyTorch: F.scaled_dot_product_attention(q, k, v, is_causal=True). Vaswani 2017.
+ * The naive form materializes the score row s (scores: (n, NH, TMAX)): simple,
+ * and the reference for the fused form. Why -inf and not a large negative
+ * number: exp(-inf) is exactly 0, so a masked position gets exactly no weight.
+ * Positions after p exist in the cache when a prefill writes all its rows first:
+ * the mask is what keeps row r from seeing its future.
+ * out (n, NH*HS), q (n, NH*HS). */
+static void attention_naive_cpu(float *out, const float *q, kvt_kv kv, int l, int n, int NH,
+                                float *scores, int TMAX) {
+    int HS = kv.HS, group = NH / kv.NKV;
+    float scale = 1.0f / sqrtf((float)HS);
+    for (int r = 0; r < n; r++) {
+        int p = kv.row_pos[r], T = kv.row_len[r];
+        for (int h = 0; h < NH; h++) {
+            const float *qh = q + ((size_t)r * NH + h) * HS;
+            float *s = scores + ((size_t)r * NH + h) * TMAX;
+            for (int t = 0; t < T; t++) {
+                if (t > p) { s[t] = -INFINITY; continue; } /* the causal mask */
+                size_t ki = kv_index(&kv, l, 0, kv.row_tab[r], t, h / group);
+                float dot = 0.0f;
+                for (int c = 0; c < HS; c++) dot += qh[c] * kv_load(&kv, ki + c);
+                s[t] = dot * scale;
+            }
+            float mx = -INFINITY, sum = 0.0f; /* softmax, shifted by the max so exp never overflows */
+            for (int t = 0; t < T; t++) mx = fmaxf(mx, s[t]);
+            for (int t = 0; t < T; t++) { s[t] = expf(s[t] - mx); sum += s[t]; }
+            for (int t = 0; t < T; t++) s[t] /= sum;
+            float *oh = out + ((size_t)r * NH + h) * HS;
+            for (int c = 0; c < HS; c++) oh[c] = 0.0f;
+            for (int t = 0; t <= p; t++) {
+                size_t vi = kv_index(&kv, l, 1, kv.row_tab[r], t, h / group);
+                for (int c = 0; c < HS; c++) oh[c] += s[t] * kv_load(&kv, vi + c);
+            }
+        }
+    }
+}
+/* The GPU version is three kernels with the score row in global memory.
+ * 1) scores: grid (NH, n), block (KVT_THREADS): thread j computes s[t] for t = j, j+blockDim, ... */
+__global__ void attn_scores_kernel(float *scores, const float *q, kvt_kv kv, int l, int NH, int TMAX) {
+    int h = (int)blockIdx.x, r = (int)blockIdx.y, HS = kv.HS, p = kv.row_pos[r];
+    const float *qh = q + ((size_t)r * NH + h) * HS;
+    float *s = scores + ((size_t)r * NH + h) * TMAX, scale = 1.0f / sqrtf((float)HS);
+    for (int t = (int)threadIdx.x; t < kv.row_len[r]; t += (int)blockDim.x) {
+        if (t > p) { s[t] = -INFINITY; continue; }
+        size_t ki = kv_index(&kv, l, 0, kv.row_tab[r], t, h / (NH / kv.NKV));
+        float dot = 0.0f;
+        for (int c = 0; c < HS; c++) dot += qh[c] * kv_load(&kv, ki + c);
+        s[t] = dot * scale;
+    }
+}
+/* 2) softmax: grid (NH, n), block (KVT_THREADS): a block-wide max, exp, a
+ *    block-wide sum, divide. Each thread owns the same t's in every loop. */
+__global__ void attn_softmax_kernel(float *scores, kvt_kv kv, int NH, int TMAX) {
+    int h = (int)blockIdx.x, r = (int)blockIdx.y, T = kv.row_len[r];
+    float *s = scores + ((size_t)r * NH + h) * TMAX;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int t = (int)threadIdx.x; t < T; t += (int)blockDim.x) mx = fmaxf(mx, s[t]);
+    mx = block_reduce(mx, KVT_MAX);
+    for (int t = (int)threadIdx.x; t < T; t += (int)blockDim.x) { s[t] = expf(s[t] - mx); sum += s[t]; }
+    sum = block_reduce(sum, KVT_SUM);
+    for (int t = (int)threadIdx.x; t < T; t += (int)blockDim.x) s[t] /= sum;
+}
+/* 3) weighted sum: grid (NH, n), block (KVT_THREADS): thread c sums channel c. */
+__global__ void attn_values_kernel(float *out, const float *scores, kvt_kv kv, int l, int NH, int TMAX) {
+    int h = (int)blockIdx.x, r = (int)blockIdx.y, HS = kv.HS;
+    const float *s = scores + ((size_t)r * NH + h) * TMAX;
+    for (int c = (int)threadIdx.x; c < HS; c += (int)blockDim.x) {
+        float acc = 0.0f;
+        for (int t = 0; t <= kv.row_pos[r]; t++)
+            acc += s[t] * kv_load(&kv, kv_index(&kv, l, 1, kv.row_tab[r], t, h / (NH / kv.NKV)) + c);
+        out[((size_t)r * NH + h) * HS + c] = acc;
+    }
+}
+static void attention_naive_gpu(float *out, const float *q, kvt_kv kv, int l, int n, int NH,
+                                float *scores, int TMAX) {
+    KVT_LAUNCH(attn_scores_kernel, NH, n, KVT_THREADS, scores, q, kv, l, NH, TMAX);
+    KVT_LAUNCH(attn_softmax_kernel, NH, n, KVT_THREADS, scores, kv, NH, TMAX);
+    KVT_LAUNCH(attn_values_kernel, NH, n, KVT_THREADS, out, scores, kv, l, NH, TMAX);
+}
+
+// §12 attention, fused (+ split/merge) ---------------------------------------------
+/* The same result in one pass over the positions, without a score row: the
+ * online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022).
+ * Keep a running max m, a running sum l of exp(s - m) and an accumulator
+ * acc = sum exp(s - m) V. When a new score raises the max to m', everything so
+ * far was scaled by exp(-m) instead of exp(-m'), so multiply l and acc by
+ * exp(m - m') (the "rescale") and go on. At the end out = acc / l.
+ *
+ * Split (FlashDecoding, Dao et al. 2023): cut positions 0..p into pieces of
+ * split_len, run the loop on each piece independently (in parallel on the GPU),
+ * and keep (m_i, l_i, acc_i) per piece. The merge rescales each to the global
+ * max M:  l = sum l_i e^(m_i - M),  out = sum acc_i e^(m_i - M) / l.
+ * With one split this is the plain fused loop.
+ * part: (n, NH, nsplit, 2 + HS) scratch for the pieces when nsplit > 1. */
+static void attention_fused_cpu(float *out, const float *q, kvt_kv kv, int l, int n, int NH,
+                                float *part, int split_len, int nsplit) {
+    int HS = kv.HS, group = NH / kv.NKV;
+    float scale = 1.0f / sqrtf((float)HS);
+    for (int r = 0; r < n; r++) {
+        int p = kv.row_pos[r];
+        for (int h = 0; h < NH; h++) {
+            const float *qh = q + ((size_t)r * NH + h) * HS;
+            float *oh = out + ((size_t)r * NH + h) * HS;
+            for (int sp = 0; sp < nsplit; sp++) {
+                float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
+                float m = -INFINITY, sum = 0.0f, *acc = pp + 2;
+                for (int c = 0; c < HS; c++) acc[c] = 0.0f;
+                int t_end = p + 1 < (sp + 1) * split_len ? p + 1 : (sp + 1) * split_len;
+                for (int t = sp * split_len; t < t_end; t++) {
+                    size_t ki = kv_index(&kv, l, 0, kv.row_tab[r], t, h / group);
+                    size_t vi = kv_index(&kv, l, 1, kv.row_tab[r], t, h / group);
+                    float s = 0.0f;
+                    for (int c = 0; c < HS; c++) s += qh[c] * kv_load(&kv, ki + c);
+                    s *= scale;
+                    float m_new = fmaxf(m, s), corr = expf(m - m_new), e = expf(s - m_new);
+                    sum = sum * corr + e;
+                    for (int c = 0; c < HS; c++) acc[c] = acc[c] * corr + e * kv_load(&kv, vi + c);
+                    m = m_new;
+                }
+                pp[0] = m;
+                pp[1] = sum;
+            }
+            /* merge the pieces (with one piece: M = m, so out = acc / l) */
+            float M = -INFINITY, sum = 0.0f;
+            for (int sp = 0; sp < nsplit; sp++) M = fmaxf(M, part[(((size_t)r * NH + h) * nsplit + sp) * (2 + HS)]);
+            for (int c = 0; c < HS; c++) oh[c] = 0.0f;
+            for (int sp = 0; sp < nsplit; sp++) {
+                const float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
+                if (pp[1] == 0.0f) continue; /* an empty piece (past this row's position) */
+                float wgt = expf(pp[0] - M);
+                sum += pp[1] * wgt;
+                for (int c = 0; c < HS; c++) oh[c] += pp[2 + c] * wgt;
+            }
+            for (int c = 0; c < HS; c++) oh[c] /= sum;
+        }
+    }
+}
+/* grid (NH * nsplit, n), block (KVT_THREADS): one block per (row, head, piece).
+ * The positions of the piece are walked in tiles of blockDim:
+ *
+ *   tile:  t0 ........................ t0+blockDim
+ *   step 1 thread j: s_j = q.K[t0+j]             (one key per thread)
+ *   step 2 every thread: m' = max(m, max_j s_j)  (reads all s_j: barrier before)
+ *   step 3 thread j: e_j = exp(s_j - m')         (barrier before: all read s_j)
+ *   step 4 thread c: acc[c] = acc[c]*exp(m-m') + sum_j e_j V[t0+j][c]
+ *
+ * Each thread keeps the accumulator of its channels c = tid, tid+blockDim, ...
+ * No score row is written to global memory; the only traffic is K and V once. */
+__global__ void attn_fused_kernel(float *out, float *part, const float *q, kvt_kv kv, int l,
+                                  int NH, int split_len, int nsplit) {
+    __shared__ float q_s[KVT_MAX_HS];      /* the query, pre-scaled by 1/sqrt(HS) */
+    __shared__ float e_s[KVT_MAX_THREADS]; /* scores, then weights, of one tile */
+    int h = (int)blockIdx.x / nsplit, sp = (int)blockIdx.x % nsplit, r = (int)blockIdx.y;
+    int tid = (int)threadIdx.x, nt = (int)blockDim.x, HS = kv.HS, kh = h / (NH / kv.NKV);
+    int p = kv.row_pos[r], t_begin = sp * split_len;
+    int t_end = p + 1 < t_begin + split_len ? p + 1 : t_begin + split_len;
+    float scale = 1.0f / sqrtf((float)HS);
+    for (int c = tid; c < HS; c += nt) q_s[c] = q[((size_t)r * NH + h) * HS + c] * scale;
+    __syncthreads();
+    float m = -INFINITY, sum = 0.0f, acc[KVT_MAX_HS / 32]; /* blockDim >= 32 */
+    for (int j = 0; j < KVT_MAX_HS / 32; j++) acc[j] = 0.0f;
+    for (int t0 = t_begin; t0 < t_end; t0 += nt) { /* same trip count in every thread */
+        int tile = t_end - t0 < nt ? t_end - t0 : nt;
+        float s = -INFINITY;
+        if (tid < tile) {
+            size_t ki = kv_index(&kv, l, 0, kv.row_tab[r], t0 + tid, kh);
+            s = 0.0f;
+            for (int c = 0; c < HS; c++) s += q_s[c] * kv_load(&kv, ki + c);
+        }
+        e_s[tid] = s;
+        __syncthreads();
+        float m_new = m;
+        for (int j = 0; j < tile; j++) m_new = fmaxf(m_new, e_s[j]);
+        float corr = expf(m - m_new);
+        __syncthreads();
+        e_s[tid] = tid < tile ? expf(s - m_new) : 0.0f;
+        __syncthreads();
+        float tile_sum = 0.0f;
+        for (int j = 0; j < tile; j++) tile_sum += e_s[j];
+        sum = sum * corr + tile_sum;
+        for (int j = 0; tid + j * nt < HS; j++) {
+            int c = tid + j * nt;
+            float a = acc[j] * corr;
+            for (int i = 0; i < tile; i++)
+                a += e_s[i] * kv_load(&kv, kv_index(&kv, l, 1, kv.row_tab[r], t0 + i, kh) + c);
+            acc[j] = a;
+        }
+        m = m_new;
+        __syncthreads(); /* e_s is rewritten by the next tile */
+    }
+    if (nsplit == 1) {
+        for (int j = 0; tid + j * nt < HS; j++) out[((size_t)r * NH + h) * HS + tid + j * nt] = acc[j] / sum;
+    } else {
+        float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
+        if (tid == 0) { pp[0] = m; pp[1] = sum; }
+        for (int j = 0; tid + j * nt < HS; j++) pp[2 + tid + j * nt] = acc[j];
+    }
+}
+/* grid (NH, n), block (KVT_THREADS): thread c merges channel c of all pieces. */
+__global__ void attn_merge_kernel(float *out, const float *part, int NH, int HS, int nsplit) {
+    int h = (int)blockIdx.x, r = (int)blockIdx.y;
+    const float *pr = part + ((size_t)r * NH + h) * nsplit * (2 + HS);
+    float M = -INFINITY;
+    for (int sp = 0; sp < nsplit; sp++) M = fmaxf(M, pr[sp * (2 + HS)]);
+    for (int c = (int)threadIdx.x; c < HS; c += (int)blockDim.x) {
+        float sum = 0.0f, o = 0.0f;
+        for (int sp = 0; sp < nsplit; sp++) {
+            const float *pp = pr + sp * (2 + HS);
+            if (pp[1] == 0.0f) continue;
+            float wgt = expf(pp[0] - M);
+            sum += pp[1] * wgt;
+            o += pp[2 + c] * wgt;
+        }
+        out[((size_t)r * NH + h) * HS + c] = o / sum;
+    }
+}
+static void attention_fused_gpu(float *out, const float *q, kvt_kv kv, int l, int n, int NH,
+                                float *part, int split_len, int nsplit) {
+    KVT_LAUNCH(attn_fused_kernel, NH * nsplit, n, KVT_THREADS, out, part, q, kv, l, NH, split_len, nsplit);
+    if (nsplit > 1) KVT_LAUNCH(attn_merge_kernel, NH, n, KVT_THREADS, out, part, NH, kv.HS, nsplit);
+}
+
+// §13 swiglu -------------------------------------------------------------------------
+/* hb = silu(hb) * hb2, silu(x) = x * sigmoid(x)  PyTorch: F.silu(w1(x)) * w3(x)
+ * Shazeer 2020. hb, hb2 (n, HD). */
+static void swiglu_cpu(float *hb, const float *hb2, int n, int HD) {
+    for (size_t i = 0; i < (size_t)n * HD; i++) hb[i] = hb[i] / (1.0f + expf(-hb[i])) * hb2[i];
+}
+/* grid (n), block (KVT_THREADS): threads stride over the HD channels of a row. */
+__global__ void swiglu_kernel(float *hb, const float *hb2, int n, int HD) {
+    size_t r = blockIdx.x;
+    for (int c = (int)threadIdx.x; c < HD; c += (int)blockDim.x) {
+        float a = hb[r * HD + c];
+        hb[r * HD + c] = a / (1.0f + expf(-a)) * hb2[r * HD + c];
+    }
+    (void)n;
+}
+static void swiglu_gpu(float *hb, const float *hb2, int n, int HD) {
+    KVT_LAUNCH(swiglu_kernel, n, 1, KVT_THREADS, hb, hb2, n, HD);
+}
+
+// §14 residual add --------------------------------------------------------------------
+/* x += y (the residual stream)                    PyTorch: x = x + y
+ * x, y (n, D). */
+static void residual_cpu(float *x, const float *y, int n, int D) {
+    for (size_t i = 0; i < (size_t)n * D; i++) x[i] += y[i];
+}
+/* grid (n), block (KVT_THREADS). */
+__global__ void residual_kernel(float *x, const float *y, int n, int D) {
+    size_t r = blockIdx.x;
+    for (int c = (int)threadIdx.x; c < D; c += (int)blockDim.x) x[r * D + c] += y[r * D + c];
+    (void)n;
+}
+static void residual_gpu(float *x, const float *y, int n, int D) {
+    KVT_LAUNCH(residual_kernel, n, 1, KVT_THREADS, x, y, n, D);
+}
+
+// §15 the engine and the forward pass -----------------------------------------------
+/* Each op has a CPU and a GPU version with the same arguments; the forward pass
+ * calls them through this table, so one forward serves both devices (and a
+ * debugger steps straight into whichever runs). */
+typedef struct {
+    void (*embed)(float *x, const float *table, const int *tokens, int n, int D);
+    void (*rmsnorm)(float *out, const float *x, const float *w, int n, int D);
+    void (*matmul)(float *out, const float *x, const float *w, int n, int k, int d);
+    void (*rope)(float *q, float *k, const int *row_pos, int n, int NH, int NKV, int HS);
+    void (*kv_write)(kvt_kv kv, const float *k, const float *v, int l, int n);
+    void (*attention_naive)(float *out, const float *q, kvt_kv kv, int l, int n, int NH, float *scores, int TMAX);
+    void (*attention_fused)(float *out, const float *q, kvt_kv kv, int l, int n, int NH, float *part,
+                            int split_len, int nsplit);
+    void (*swiglu)(float *hb, const float *hb2, int n, int HD);
+    void (*residual)(float *x, const float *y, int n, int D);
+} kvt_ops;
+static const kvt_ops kvt_cpu_ops = {embed_cpu, rmsnorm_cpu, matmul_cpu, rope_cpu, kv_write_cpu,
+                                    attention_naive_cpu, attention_fused_cpu, swiglu_cpu, residual_cpu};
+static const kvt_ops kvt_gpu_ops = {embed_gpu, rmsnorm_gpu, matmul_gpu, rope_gpu, kv_write_gpu,
+                                    attention_naive_gpu, attention_fused_gpu, swiglu_gpu, residual_gpu};
+
+#define KVT_AUTO_SPLIT 256 /* automatic split: pieces of 256 positions once T > 2 pieces */
+
+struct kvt_engine {
+    kvt_model *m;
+    kvt_options o;
+    int gpu;                 /* 1: buffers and pool on the GPU (or the emulation) */
+    const kvt_ops *op;
+    const kvt_weights *w;    /* host or device weights */
+    kvt_pool pool;
+    int rows;                /* most rows per call (o.max_rows) */
+    int max_split;           /* most pieces of the fused attention */
+    /* activations, on the engine's device; names as in llama2.c */
+    float *x;      /* (rows, D) residual stream */
+    float *xb;     /* (rows, D) normed input of a block / scratch */
+    float *xb2;    /* (rows, D) attention output projection */
+    float *q;      /* (rows, NH*HS) */
+    float *k, *v;  /* (rows, KVD) the new rows' keys and values */
+    float *att;    /* (rows, NH*HS) attention output */
+    float *hb;     /* (rows, HD) FFN gate, then silu(gate) * up */
+    float *hb2;    /* (rows, HD) FFN up */
+    float *logits; /* (rows, V) */
+    float *scores; /* (rows, NH, TMAX) naive attention's score rows */
+    float *part;   /* (rows, NH, max_split, 2 + HS) fused attention's pieces */
+    int *tokens;   /* (rows) */
+    int *row_pos, *row_len, *row_tab; /* (rows) see kvt_kv */
+    int *tables;   /* (max_seqs * ceil(TMAX/CH)) chunk tables of this call */
+    int *h_rows;   /* (3 * rows) host staging: row_pos | row_len | row_tab */
+    /* counters for --stats */
+    double t_prefill, t_decode;
+    long n_prefill, n_decode;
+};
+
+void kvt_options_default(kvt_options *o) {
+    memset(o, 0, sizeof(*o));
+#ifdef __CUDACC__
+    static int said = 0;
+    if (!said && !kvt_gpu_available()) fprintf(stderr, "[kvt] no CUDA device found: running on the CPU\n");
+    said = 1;
+#endif
+    o->device = kvt_gpu_available() && !KVT_EMULATED ? KVT_GPU : KVT_CPU;
+    o->attn = KVT_ATTN_FUSED;
+    o->kv_cache = 1;
+    o->CH = 16;
+    o->n_chunks = 0;
+    o->max_seqs = 1;
+    o->kv_dtype = KVT_FP32;
+    o->kv_group = 32;
+    o->split_len = 0;
+    o->max_rows = 64;
+}
+
+static void engine_free_buffers(kvt_engine *e) {
+    float **fb[] = {&e->x, &e->xb, &e->xb2, &e->q, &e->k, &e->v, &e->att, &e->hb, &e->hb2,
+                    &e->logits, &e->scores, &e->part};
+    int **ib[] = {&e->tokens, &e->row_pos, &e->row_len, &e->row_tab, &e->tables};
+    for (size_t i = 0; i < sizeof(fb) / sizeof(fb[0]); i++) { buf_free(e->gpu, *fb[i]); *fb[i] = NULL; }
+    for (size_t i = 0; i < sizeof(ib) / sizeof(ib[0]); i++) { buf_free(e->gpu, *ib[i]); *ib[i] = NULL; }
+}
+
+void kvt_engine_free(kvt_engine *e) {
+    if (!e) return;
+    engine_free_buffers(e);
+    pool_free(&e->pool);
+    free(e->h_rows);
+    free(e);
+}
+
+kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *o) {
+    *out = NULL;
+    const kvt_config *c = &m->c;
+    int HS = m->head_size, TMAX = c->seq_len;
+    if (o->CH < 1 || o->CH > TMAX)
+        return kvt_fail(KVT_EARG, "--chunk %d is out of range [1, %d] (1 to the model's context TMAX)", o->CH, TMAX);
+    if (o->kv_dtype == KVT_INT8 && (o->kv_group < 1 || HS % o->kv_group))
+        return kvt_fail(KVT_EARG, "--kv-group %d must divide the head size HS = %d", o->kv_group, HS);
+    if (o->max_seqs < 1 || o->max_seqs > 4096)
+        return kvt_fail(KVT_EARG, "max_seqs %d is out of range [1, 4096]", o->max_seqs);
+    if (o->n_chunks < 0 || o->n_chunks > (1 << 28))
+        return kvt_fail(KVT_EARG, "--chunks %d is out of range [1, %d] (0: enough for every sequence)",
+                        o->n_chunks, 1 << 28);
+    if (o->split_len < -1 || o->split_len > TMAX)
+        return kvt_fail(KVT_EARG, "--split %d is out of range [-1, %d] (-1 never, 0 automatic)", o->split_len, TMAX);
+    if (o->max_rows < 1 || o->max_rows > 4096)
+        return kvt_fail(KVT_EARG, "max_rows %d is out of range [1, 4096]", o->max_rows);
+    kvt_engine *e = (kvt_engine *)calloc(1, sizeof(kvt_engine));
+    if (!e) return kvt_fail(KVT_ENOMEM, "host out of memory (engine)");
+    e->m = m;
+    e->o = *o;
+    if (o->device == KVT_GPU && !kvt_gpu_available()) {
+        static int said = 0;
+        if (!said) fprintf(stderr, "[kvt] no CUDA device found: running on the CPU\n");
+        said = 1;
+        e->o.device = KVT_CPU;
+    }
+    e->gpu = e->o.device == KVT_GPU;
+    e->op = e->gpu ? &kvt_gpu_ops : &kvt_cpu_ops;
+    e->rows = o->max_rows;
+    int ntab = kvt_cdiv(TMAX, o->CH);
+    int n_chunks = o->n_chunks > 0 ? o->n_chunks : o->max_seqs * ntab;
+    int min_split = o->split_len > 0 ? o->split_len : KVT_AUTO_SPLIT;
+    e->max_split = kvt_cdiv(TMAX, min_split);
+    kvt_status st = KVT_OK;
+    if (e->gpu) st = kvt_model_upload(m);
+    e->w = e->gpu ? &m->d_w : &m->w;
+    if (st == KVT_OK)
+        st = pool_init(&e->pool, e->gpu, c->n_layers, c->n_kv_heads, HS, o->CH, n_chunks, o->kv_dtype, o->kv_group);
+    size_t R = (size_t)e->rows, D = (size_t)c->dim, HD = (size_t)c->hidden_dim, KVD = (size_t)m->kv_dim;
+    struct { void **p; size_t bytes; } b[] = {
+        {(void **)&e->x, R * D * 4}, {(void **)&e->xb, R * D * 4}, {(void **)&e->xb2, R * D * 4},
+        {(void **)&e->q, R * D * 4}, {(void **)&e->k, R * KVD * 4}, {(void **)&e->v, R * KVD * 4},
+        {(void **)&e->att, R * D * 4}, {(void **)&e->hb, R * HD * 4}, {(void **)&e->hb2, R * HD * 4},
+        {(void **)&e->logits, R * (size_t)c->vocab_size * 4},
+        {(void **)&e->scores, R * (size_t)c->n_heads * (size_t)TMAX * 4},
+        {(void **)&e->part, R * (size_t)c->n_heads * (size_t)e->max_split * (2 + (size_t)HS) * 4},
+        {(void **)&e->tokens, R * 4}, {(void **)&e->row_pos, R * 4}, {(void **)&e->row_len, R * 4},
+        {(void **)&e->row_tab, R * 4}, {(void **)&e->tables, (size_t)o->max_seqs * (size_t)ntab * 4},
+    };
+    for (size_t i = 0; i < sizeof(b) / sizeof(b[0]) && st == KVT_OK; i++)
+        st = buf_alloc(e->gpu, b[i].p, b[i].bytes, "activation buffers");
+    e->h_rows = (int *)kvt_malloc(3 * R * sizeof(int));
+    if (st != KVT_OK) { kvt_engine_free(e); return st; }
+    *out = e;
+    return KVT_OK;
+}
+
+kvt_pool *kvt_engine_pool(kvt_engine *e) { return &e->pool; }
+
+kvt_status kvt_seq_init(kvt_engine *e, kvt_seq *s) {
+    memset(s, 0, sizeof(*s));
+    s->max_table = kvt_cdiv(e->m->c.seq_len, e->pool.CH);
+    s->table = (int *)malloc((size_t)s->max_table * sizeof(int));
+    if (!s->table) return kvt_fail(KVT_ENOMEM, "host out of memory (chunk table)");
+    return KVT_OK;
+}
+void kvt_seq_reset(kvt_engine *e, kvt_seq *s) {
+    for (int i = 0; i < s->n_table; i++) pool_release(&e->pool, s->table[i]);
+    s->n_table = 0;
+    s->len = 0;
+}
+void kvt_seq_free(kvt_engine *e, kvt_seq *s) {
+    if (s->table) kvt_seq_reset(e, s);
+    free(s->table);
+    memset(s, 0, sizeof(*s));
+}
+
+/* A new sequence that shares all of src's chunks (same prompt, another
+ * continuation). Nothing is copied now: full chunks stay shared for good, and
+ * the partly filled last chunk is copied by the first write (seq_reserve). */
+kvt_status kvt_seq_fork(kvt_engine *e, kvt_seq *dst, const kvt_seq *src) {
+    kvt_status st = kvt_seq_init(e, dst);
+    if (st != KVT_OK) return st;
+    for (int i = 0; i < src->n_table; i++) {
+        dst->table[i] = src->table[i];
+        e->pool.refcount[src->table[i]]++;
+    }
+    dst->n_table = src->n_table;
+    dst->len = src->len;
+    e->pool.shared_hits += src->n_table;
+    return KVT_OK;
+}
+
+/* Consistency of the pool given all live sequences: every chunk's refcount is
+ * the number of tables that hold it, and no chunk is both free and held. */
+kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
+    kvt_pool *p = &e->pool;
+    int *refs = (int *)calloc((size_t)p->n_chunks, sizeof(int)), bad = -1;
+    if (!refs) return kvt_fail(KVT_ENOMEM, "host out of memory (pool check)");
+    for (int i = 0; i < n_seqs; i++)
+        for (int j = 0; j < seqs[i]->n_table; j++) refs[seqs[i]->table[j]]++;
+    for (int i = 0; i < p->n_free; i++) refs[p->free_list[i]] += 1 << 20; /* a free chunk held too shows up */
+    for (int c = 0; c < p->n_chunks && bad < 0; c++)
+        if (refs[c] != (p->refcount[c] == 0 ? 1 << 20 : p->refcount[c])) bad = c;
+    int r = bad >= 0 ? refs[bad] : 0;
+    free(refs);
+    if (bad >= 0)
+        return kvt_fail(KVT_EPOOL, "pool check: chunk %d has refcount %d but %d table references%s", bad,
+                        p->refcount[bad], r % (1 << 20), r >= (1 << 20) ? " and is on the free list" : "");
+    return KVT_OK;
+}
+
+/* How the fused attention cuts positions 0..max_pos into pieces. */
+static void attn_split(const kvt_engine *e, int max_pos, int *split_len, int *nsplit) {
+    int T = max_pos + 1, len = e->o.split_len;
+    if (len == 0) len = T > 2 * KVT_AUTO_SPLIT ? KVT_AUTO_SPLIT : T; /* automatic: only long contexts */
+    if (len < 0 || len > T) len = T;
+    *split_len = len;
+    *nsplit = kvt_cdiv(T, len);
+}
+
+/* The transformer on n rows whose row_pos/row_len/row_tab and chunk tables are
+ * already on the device. Writes each row's K/V into the cache, and the logits
+ * of the last row (all rows when all_logits) into e->logits. */
+static void forward_rows(kvt_engine *e, int n, int all_logits) {
+    const kvt_config *c = &e->m->c;
+    const kvt_weights *w = e->w;
+    const kvt_ops *op = e->op;
+    int D = c->dim, HD = c->hidden_dim, NH = c->n_heads, NKV = c->n_kv_heads, HS = e->m->head_size;
+    int KVD = e->m->kv_dim, V = c->vocab_size, TMAX = c->seq_len;
+    kvt_pool *p = &e->pool;
+    kvt_kv kv = {p->data, p->scales, (int)p->dtype, p->G, p->CH, NKV, HS, p->chunk_elems,
+                 e->tables, e->row_tab, e->row_pos, e->row_len};
+    int max_pos = 0, split_len, nsplit;
+    for (int r = 0; r < n; r++) max_pos = e->h_rows[r] > max_pos ? e->h_rows[r] : max_pos;
+    attn_split(e, max_pos, &split_len, &nsplit);
+
+    op->embed(e->x, w->token_embedding, e->tokens, n, D);
+    for (int l = 0; l < c->n_layers; l++) {
+        size_t lD = (size_t)l * D;
+        /* attention block: x += wo @ attention(rope(wq @ xb), rope(wk @ xb), wv @ xb) */
+        op->rmsnorm(e->xb, e->x, w->rms_att + lD, n, D);
+        op->matmul(e->q, e->xb, w->wq + lD * D, n, D, D);
+        op->matmul(e->k, e->xb, w->wk + lD * KVD, n, D, KVD);
+        op->matmul(e->v, e->xb, w->wv + lD * KVD, n, D, KVD);
+        op->rope(e->q, e->k, e->row_pos, n, NH, NKV, HS);
+        op->kv_write(kv, e->k, e->v, l, n); /* the cache grows here */
+        if (e->o.attn == KVT_ATTN_NAIVE) op->attention_naive(e->att, e->q, kv, l, n, NH, e->scores, TMAX);
+        else op->attention_fused(e->att, e->q, kv, l, n, NH, e->part, split_len, nsplit);
+        op->matmul(e->xb2, e->att, w->wo + lD * D, n, D, D);
+        op->residual(e->x, e->xb2, n, D);
+        /* feed-forward block: x += w2 @ (silu(w1 @ xb) * (w3 @ xb)) */
+        op->rmsnorm(e->xb, e->x, w->rms_ffn + lD, n, D);
+        op->matmul(e->hb, e->xb, w->w1 + lD * HD, n, D, HD);
+        op->matmul(e->hb2, e->xb, w->w3 + lD * HD, n, D, HD);
+        op->swiglu(e->hb, e->hb2, n, HD);
+        op->matmul(e->xb, e->hb, w->w2 + lD * HD, n, HD, D);
+        op->residual(e->x, e->xb, n, D);
+    }
+    op->rmsnorm(e->xb, e->x, w->rms_final, n, D);
+    if (all_logits) op->matmul(e->logits, e->xb, w->wcls, n, D, V);
+    else op->matmul(e->logits, e->xb + (size_t)(n - 1) * D, w->wcls, 1, D, V);
+}
+
+/* Stage the rows of one call: n rows of one sequence at positions pos0.. */
+static void stage_rows(kvt_engine *e, const kvt_seq *s, const int *tokens, int n, int pos0) {
+    int *pos = e->h_rows, *len = e->h_rows + e->rows, *tab = e->h_rows + 2 * e->rows;
+    for (int r = 0; r < n; r++) { pos[r] = pos0 + r; len[r] = pos0 + n; tab[r] = 0; }
+    buf_upload(e->gpu, e->tokens, tokens, (size_t)n * sizeof(int));
+    buf_upload(e->gpu, e->row_pos, pos, (size_t)n * sizeof(int));
+    buf_upload(e->gpu, e->row_len, len, (size_t)n * sizeof(int));
+    buf_upload(e->gpu, e->row_tab, tab, (size_t)n * sizeof(int));
+    buf_upload(e->gpu, e->tables, s->table, (size_t)s->n_table * sizeof(int));
+}
+
+static kvt_status check_tokens(const kvt_engine *e, const int *tokens, int n) {
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= e->m->c.vocab_size)
+            return kvt_fail(KVT_EARG, "token %d at index %d is out of range [0, %d)", tokens[i], i,
+                            e->m->c.vocab_size);
+    return KVT_OK;
+}
+
+kvt_status kvt_forward(kvt_engine *e, kvt_seq *s, const int *tokens, int n, float *logits, int all_logits) {
+    int TMAX = e->m->c.seq_len, V = e->m->c.vocab_size;
+    if (n < 1) return kvt_fail(KVT_EARG, "forward needs at least one token (got %d)", n);
+    if ((long)s->len + n > TMAX)
+        return kvt_fail(KVT_ECONTEXT, "%d cached + %d new positions exceed the model's context TMAX = %d",
+                        s->len, n, TMAX);
+    kvt_status st = check_tokens(e, tokens, n);
+    if (st == KVT_OK) st = seq_reserve(&e->pool, s, s->len + n, "the sequence");
+    if (st != KVT_OK) return st;
+    double t0 = kvt_now();
+    for (int done = 0; done < n; done += e->rows) { /* a long prefill goes in pieces of `rows` */
+        int piece = n - done < e->rows ? n - done : e->rows, last = done + piece == n;
+        stage_rows(e, s, tokens + done, piece, s->len + done);
+        forward_rows(e, piece, all_logits);
+        if (all_logits)
+            buf_download(e->gpu, logits + (size_t)done * V, e->logits, (size_t)piece * V * sizeof(float));
+        else if (last)
+            buf_download(e->gpu, logits, e->logits, (size_t)V * sizeof(float));
+    }
+    s->len += n;
+    double dt = kvt_now() - t0; /* downloads above synchronize the GPU */
+    if (n == 1) { e->t_decode += dt; e->n_decode++; }
+    else { e->t_prefill += dt; e->n_prefill += n; }
+    return KVT_OK;
+}
+
+kvt_status kvt_step(kvt_engine *e, kvt_seq *s, const int *history, int n_hist, float *logits) {
+    if (!e->o.kv_cache) kvt_seq_reset(e, s); /* no cache: forget everything, recompute */
+    if (s->len >= n_hist)
+        return kvt_fail(KVT_EARG, "step: %d tokens of history but %d already cached", n_hist, s->len);
+    return kvt_forward(e, s, history + s->len, n_hist - s->len, logits, 0);
+}
+
+void kvt_cache_read(kvt_engine *e, const kvt_seq *s, int l, int which, int pos, float *out) {
+    kvt_pool *p = &e->pool;
+    KVT_ASSERT(pos >= 0 && pos < s->len && l >= 0 && l < p->L);
+    int KVD = p->NKV * p->HS;
+    kvt_kv kv = {p->data, p->scales, (int)p->dtype, p->G, p->CH, p->NKV, p->HS, p->chunk_elems,
+                 s->table, NULL, NULL, NULL};
+    size_t i = kv_index(&kv, l, which, 0, pos, 0), eb = kvt_dtype_bytes(p->dtype);
+    char raw[KVT_MAX_HS * 4 * 64];
+    float sc[KVT_MAX_HS * 64];
+    KVT_ASSERT((size_t)KVD * eb <= sizeof(raw));
+    buf_download(e->gpu, raw, (char *)p->data + i * eb, (size_t)KVD * eb);
+    if (p->dtype == KVT_INT8) buf_download(e->gpu, sc, p->scales + i / p->G, (size_t)(KVD / p->G) * sizeof(float));
+    kvt_kv host = kv; /* the downloaded slot as a tiny cache of its own (i is a multiple of G) */
+    host.data = raw;
+    host.scales = sc;
+    for (int c = 0; c < KVD; c++) out[c] = kv_load(&host, (size_t)c);
+}
+
+// §16 tokenizer --------------------------------------------------------------------
+/* llama2.c's tokenizer.bin: int32 max_token_length, then per token: float32
+ * score, int32 length, the bytes. Encoding is greedy BPE: start from one token
+ * per UTF-8 character (or per byte, "<0xXX>", when the vocabulary has byte
+ * fallback), then repeatedly merge the adjacent pair whose concatenation is the
+ * vocabulary entry with the highest score. A character-level vocabulary (the
+ * default model) has no multi-character entries, so nothing ever merges. */
+struct kvt_piece { char *str; int id; };
+struct kvt_prob { float p; int id; };
+
+static int piece_cmp(const void *a, const void *b) {
+    return strcmp(((const struct kvt_piece *)a)->str, ((const struct kvt_piece *)b)->str);
+}
+static int tok_lookup(const kvt_tokenizer *t, const char *str) {
+    struct kvt_piece key = {(char *)str, 0};
+    const struct kvt_piece *hit = (const struct kvt_piece *)bsearch(&key, t->sorted, (size_t)t->vocab_size,
+                                                                    sizeof(key), piece_cmp);
+    return hit ? hit->id : -1;
+}
+
+void kvt_tokenizer_free(kvt_tokenizer *t) {
+    if (t->vocab)
+        for (int i = 0; i < t->vocab_size; i++) free(t->vocab[i]);
+    free(t->vocab);
+    free(t->scores);
+    free(t->sorted);
+    memset(t, 0, sizeof(*t));
+}
+
+kvt_status kvt_tokenizer_load(kvt_tokenizer *t, const char *path, int V) {
+    memset(t, 0, sizeof(*t));
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvt_fail(KVT_EIO, "cannot open tokenizer '%s'", path);
+    kvt_status st = KVT_OK;
+    t->vocab_size = V;
+    t->vocab = (char **)calloc((size_t)V, sizeof(char *));
+    t->scores = (float *)malloc((size_t)V * sizeof(float));
+    t->sorted = (struct kvt_piece *)malloc((size_t)V * sizeof(struct kvt_piece));
+    if (!t->vocab || !t->scores || !t->sorted) st = kvt_fail(KVT_ENOMEM, "host out of memory (tokenizer)");
+    if (st == KVT_OK && fread(&t->max_token_length, sizeof(int), 1, f) != 1)
+        st = kvt_fail(KVT_EFORMAT, "tokenizer '%s': too short for its 4-byte header", path);
+    if (st == KVT_OK && (t->max_token_length < 1 || t->max_token_length > 1024))
+        st = kvt_fail(KVT_EFORMAT, "tokenizer '%s': max_token_length %d is out of range [1, 1024]",
+                      path, t->max_token_length);
+    for (int i = 0; i < V && st == KVT_OK; i++) {
+        int len;
+        if (fread(&t->scores[i], sizeof(float), 1, f) != 1 || fread(&len, sizeof(int), 1, f) != 1) {
+            st = kvt_fail(KVT_EFORMAT, "tokenizer '%s': ends at token %d, the model has V = %d tokens",
+                          path, i, V);
+            break;
+        }
+        if (len < 0 || len > t->max_token_length || t->scores[i] != t->scores[i]) {
+            st = kvt_fail(KVT_EFORMAT, "tokenizer '%s': token %d has length %d (allowed 0..%d) or a NaN score",
+                          path, i, len, t->max_token_length);
+            break;
+        }
+        t->vocab[i] = (char *)malloc((size_t)len + 1);
+        if (!t->vocab[i]) { st = kvt_fail(KVT_ENOMEM, "host out of memory (tokenizer)"); break; }
+        if (len > 0 && fread(t->vocab[i], 1, (size_t)len, f) != (size_t)len) {
+            st = kvt_fail(KVT_EFORMAT, "tokenizer '%s': ends inside token %d", path, i);
+            break;
+        }
+        t->vocab[i][len] = '\0';
+        if (strlen(t->vocab[i]) != (size_t)len) {
+            st = kvt_fail(KVT_EFORMAT, "tokenizer '%s': token %d contains a NUL byte", path, i);
+            break;
+        }
+    }
+    if (st == KVT_OK && fgetc(f) != EOF)
+        st = kvt_fail(KVT_EFORMAT, "tokenizer '%s': bytes left after V = %d tokens (a tokenizer for "
+                      "another model?)", path, V);
+    fclose(f);
+    if (st != KVT_OK) { kvt_tokenizer_free(t); return st; }
+    for (int i = 0; i < V; i++) { t->sorted[i].str = t->vocab[i]; t->sorted[i].id = i; }
+    qsort(t->sorted, (size_t)V, sizeof(struct kvt_piece), piece_cmp);
+    t->byte_fallback = V >= 259 && !strcmp(t->vocab[3], "<0x00>") && !strcmp(t->vocab[258], "<0xFF>");
+    t->dummy_prefix = t->byte_fallback;
+    for (int i = 0; i < 256; i++) { t->byte_piece[2 * i] = (char)i; t->byte_piece[2 * i + 1] = '\0'; }
+    return KVT_OK;
+}
+
+/* Encode `len` bytes of text, appending to tokens[*n..] (room for len + 2 more). */
+static kvt_status encode_piece(const kvt_tokenizer *t, const char *text, size_t len, int dummy,
+                               int *tokens, int *n) {
+    int start = *n;
+    char *buf = (char *)kvt_malloc(2 * (size_t)t->max_token_length + 8);
+    if (dummy && len > 0) {
+        int id = tok_lookup(t, " ");
+        if (id >= 0) tokens[(*n)++] = id;
+    }
+    for (size_t i = 0; i < len;) { /* one UTF-8 character: a lead byte and its continuation bytes */
+        size_t cl = 1;
+        while (i + cl < len && cl < 4 && ((unsigned char)text[i + cl] & 0xC0) == 0x80) cl++;
+        memcpy(buf, text + i, cl);
+        buf[cl] = '\0';
+        int id = tok_lookup(t, buf);
+        if (id >= 0) {
+            tokens[(*n)++] = id;
+        } else if (t->byte_fallback) {
+            for (size_t j = 0; j < cl; j++) tokens[(*n)++] = (unsigned char)text[i + j] + 3;
+        } else {
+            kvt_fail(KVT_EARG, "text: character '%s' (byte 0x%02x at offset %zu) is not in the vocabulary",
+                     buf, (unsigned char)text[i], i);
+            free(buf);
+            return KVT_EARG;
+        }
+        i += cl;
+    }
+    for (;;) { /* merge the best pair until none is in the vocabulary */
+        float best = -1e30f;
+        int best_id = -1, best_i = -1;
+        for (int i = start; i + 1 < *n; i++) {
+            snprintf(buf, 2 * (size_t)t->max_token_length + 8, "%s%s", t->vocab[tokens[i]], t->vocab[tokens[i + 1]]);
+            int id = tok_lookup(t, buf);
+            if (id >= 0 && t->scores[id] > best) { best = t->scores[id]; best_id = id; best_i = i; }
+        }
+        if (best_i < 0) break;
+        tokens[best_i] = best_id;
+        memmove(tokens + best_i + 1, tokens + best_i + 2, (size_t)(*n - best_i - 2) * sizeof(int));
+        (*n)--;
+    }
+    free(buf);
+    return KVT_OK;
+}
+
+kvt_status kvt_encode(const kvt_tokenizer *t, const char *text, int bos, int *tokens, int max_tokens,
+                      int *n_tokens) {
+    size_t len = strlen(text);
+    int *tmp = (int *)malloc((len + 3) * sizeof(int)), n = 0;
+    if (!tmp) return kvt_fail(KVT_ENOMEM, "host out of memory (encoding %zu bytes)", len);
+    if (bos) tmp[n++] = KVT_BOS;
+    kvt_status st = encode_piece(t, text, len, t->dummy_prefix, tmp, &n);
+    if (st == KVT_OK && n > max_tokens)
+        st = kvt_fail(KVT_ECONTEXT, "the text is %d tokens, more than the %d that fit", n, max_tokens);
+    if (st == KVT_OK) memcpy(tokens, tmp, (size_t)n * sizeof(int));
+    *n_tokens = st == KVT_OK ? n : 0;
+    free(tmp);
+    return st;
+}
+
+const char *kvt_decode(const kvt_tokenizer *t, int prev, int tok) {
+    const char *piece = t->vocab[tok];
+    unsigned int byte;
+    if (prev == KVT_BOS && piece[0] == ' ') piece++; /* sentencepiece's leading space */
+    if (sscanf(piece, "<0x%02X>", &byte) == 1 && strlen(piece) == 6) return t->byte_piece + 2 * byte;
+    return piece;
+}
+
+// §17 sampling -----------------------------------------------------------------------
+/* temperature 0: argmax (greedy, what the tests use). Otherwise softmax(logits / T)
+ * and draw; with top-p, draw only among the most likely tokens whose probabilities
+ * add up to p (nucleus sampling, Holtzman et al. 2019). Deterministic per seed. */
+int kvt_argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
+    return best;
+}
+void kvt_sampler_init(kvt_sampler *s, int V, float temperature, float topp, uint64_t seed) {
+    s->temperature = temperature;
+    s->topp = topp;
+    s->state = seed * 0x9E3779B97F4A7C15ULL + 0x1234567ULL;
+    s->cand = (struct kvt_prob *)kvt_malloc((size_t)V * sizeof(struct kvt_prob));
+}
+void kvt_sampler_free(kvt_sampler *s) { free(s->cand); s->cand = NULL; }
+
+static int prob_cmp(const void *a, const void *b) { /* descending probability, then id */
+    const struct kvt_prob *x = (const struct kvt_prob *)a, *y = (const struct kvt_prob *)b;
+    if (x->p != y->p) return x->p < y->p ? 1 : -1;
+    return x->id - y->id;
+}
+int kvt_sample(kvt_sampler *s, float *logits, int V) {
+    if (s->temperature == 0.0f) return kvt_argmax(logits, V);
+    float mx = -INFINITY, sum = 0.0f;
+    for (int i = 0; i < V; i++) { logits[i] /= s->temperature; mx = fmaxf(mx, logits[i]); }
+    for (int i = 0; i < V; i++) { logits[i] = expf(logits[i] - mx); sum += logits[i]; }
+    for (int i = 0; i < V; i++) logits[i] /= sum;
+    float u = kvt_rng_f32(&s->state);
+    if (s->topp <= 0.0f || s->topp >= 1.0f) { /* plain draw from the whole distribution */
+        float cdf = 0.0f;
+        for (int i = 0; i < V; i++) { cdf += logits[i]; if (u < cdf) return i; }
+        return V - 1;
+    }
+    int nc = 0;
+    for (int i = 0; i < V; i++) { s->cand[nc].p = logits[i]; s->cand[nc].id = i; nc++; }
+    qsort(s->cand, (size_t)nc, sizeof(struct kvt_prob), prob_cmp);
+    float mass = 0.0f;
+    int last = nc - 1;
+    for (int i = 0; i < nc; i++) { mass += s->cand[i].p; if (mass > s->topp) { last = i; break; } }
+    float cdf = 0.0f;
+    for (int i = 0; i <= last; i++) { cdf += s->cand[i].p; if (u * mass < cdf) return s->cand[i].id; }
+    return s->cand[last].id;
+}
+
+// §18 checks (compare two arrays) -------------------------------------------------------
+/* Tolerance of GPU vs CPU logits (--check, make test): the kernels sum in other
+ * orders than OpenBLAS and use the device's expf/powf; fp32 rounding then
+ * differs by ~1e-7 relative per op, growing through the layers to ~1e-6 on
+ * logits. 1e-4 leaves a wide margin while any indexing bug shows up as O(1). */
+#define KVT_TOL_GPU 1e-4
+/* One comparison used by `make test` and by --check. The error of element i is
+ * |got - want| / max_j |want_j|: relative to the largest value, so that a tiny
+ * element's harmless rounding is not blown up, while any real bug is. NaN or
+ * Inf on either side fails (every comparison with NaN is false, so it is tested
+ * explicitly). `shape` decodes a flat index for the messages, e.g.
+ * "row=3,head=4,ch=16" (dims outermost first). Prints the first few mismatches
+ * and one PASS/FAIL line naming the tolerance; returns 1 on PASS. */
+static int kvt_check(const char *what, const float *got, const float *want, long n, const char *shape,
+                     double tol, const char *tol_name) {
+    char names[8][16];
+    long dims[8];
+    int nd = 0;
+    for (const char *p = shape; p && *p && nd < 8;) { /* parse "name=size,..." */
+        int used = 0;
+        if (sscanf(p, "%15[^=]=%ld%n", names[nd], &dims[nd], &used) != 2) break;
+        nd++;
+        p += used;
+        if (*p == ',') p++;
+    }
+    double scale = 0.0;
+    for (long i = 0; i < n; i++) if (isfinite(want[i])) scale = fmax(scale, fabs((double)want[i]));
+    if (scale == 0.0) scale = 1.0;
+    double worst = 0.0;
+    long worst_i = -1, bad = 0;
+    for (long i = 0; i < n; i++) {
+        int finite = isfinite(got[i]) && isfinite(want[i]);
+        double err = finite ? fabs((double)got[i] - (double)want[i]) / scale : INFINITY;
+        if (err > worst || worst_i < 0) { worst = err; worst_i = i; }
+        if (err <= tol) continue;
+        if (bad++ < 5) {
+            char where[256] = "";
+            long idx[8], rem = i;
+            int off = 0;
+            for (int d = nd - 1; d >= 0; d--) { idx[d] = rem % dims[d]; rem /= dims[d]; } /* innermost fastest */
+            for (int d = 0; d < nd && off < (int)sizeof(where); d++)
+                off += snprintf(where + off, sizeof(where) - (size_t)off, "%s%s %ld", d ? ", " : "", names[d], idx[d]);
+            if (nd == 0) snprintf(where, sizeof(where), "index %ld", i);
+            printf("    mismatch at %s: got %.9g, want %.9g (error %.3g)\n", where, got[i], want[i], err);
+        }
+    }
+    int ok = bad == 0;
+    printf("%s %s: max error %.3g (relative to max |want| %.3g) %s %s = %.0e\n", ok ? "PASS" : "FAIL", what,
+           worst, scale, ok ? "<=" : ">", tol_name, tol);
+    if (bad) printf("    %ld of %ld elements over the tolerance\n", bad, n);
+    return ok;
+}
+
+// §19 benchmarks ------------------------------------------------------------------------
+#ifndef KVT_NO_MAIN
+/* Memory bandwidth of this machine: a parallel copy loop over 2 x 256 MiB,
+ * best of 5, counting the bytes read and written. Decode reads every weight
+ * once per token, so weight_bytes / bandwidth is the fastest a token can be. */
+static double kvt_bandwidth_gbs(void) {
+    size_t n = (size_t)64 << 20;
+    float *a = (float *)kvt_malloc(n * sizeof(float)), *b = (float *)kvt_malloc(n * sizeof(float));
+    long nn = (long)n;
+#pragma omp parallel for
+    for (long i = 0; i < nn; i++) { a[i] = (float)(i & 1023); b[i] = 0.0f; }
+    double best = 1e30;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = kvt_now();
+#pragma omp parallel for
+        for (long i = 0; i < nn; i++) b[i] = a[i];
+        double dt = kvt_now() - t0;
+        if (dt < best) best = dt;
+    }
+    volatile float sink = b[nn - 1]; /* keep the copy from being optimized away */
+    (void)sink;
+    free(a);
+    free(b);
+    return 2.0 * (double)n * sizeof(float) / best / 1e9;
+}
+/* Bytes of weights one decode step reads: every matrix once, the classifier once. */
+static double kvt_weight_bytes(const kvt_model *m) {
+    const kvt_config *c = &m->c;
+    double D = c->dim, HD = c->hidden_dim, KVD = m->kv_dim;
+    return 4.0 * (c->n_layers * (2 * D * D + 2 * KVD * D + 3 * HD * D + 2 * D) + D + (double)c->vocab_size * D);
+}
+
+/* Decode speed at short context against the bandwidth bound. */
+static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
+    kvt_engine *e;
+    kvt_seq s;
+    kvt_status st = kvt_engine_create(&e, m, o);
+    if (st != KVT_OK) return st;
+    kvt_seq_init(e, &s);
+    int V = m->c.vocab_size, np = 16, steps = 32;
+    if (np + steps + 1 > m->c.seq_len) { np = 1; steps = m->c.seq_len - 2; }
+    int *toks = (int *)kvt_malloc((size_t)(np + steps) * sizeof(int));
+    float *logits = (float *)kvt_malloc((size_t)V * sizeof(float));
+    kvt_fake_tokens(toks, np + steps, V);
+    double bw = kvt_bandwidth_gbs(), wb = kvt_weight_bytes(m);
+    if (st == KVT_OK) st = kvt_forward(e, &s, toks, np, logits, 0);
+    if (st == KVT_OK) st = kvt_forward(e, &s, toks + np, 1, logits, 0); /* warm-up */
+    double t0 = kvt_now();
+    for (int i = 1; i < steps && st == KVT_OK; i++) st = kvt_forward(e, &s, toks + np + i, 1, logits, 0);
+    double dt = (kvt_now() - t0) / (steps - 1);
+    if (st == KVT_OK) {
+        double bound = bw * 1e9 / wb;
+        printf("memory bandwidth (copy loop, read+write): %.2f GB/s\n", bw);
+        printf("weights read per token: %.1f MB -> bound %.2f tokens/s\n", wb / 1e6, bound);
+        printf("decode (%s, %s cache, positions %d..%d): %.2f ms/token = %.2f tokens/s = %.0f%% of the bound\n",
+               e->gpu ? "gpu" : "cpu", kvt_dtype_name(o->kv_dtype), np, np + steps, 1e3 * dt, 1.0 / dt,
+               100.0 / dt / bound);
+        if (csv) fprintf(csv, "bandwidth_gbs,weight_mb,bound_tok_s,decode_tok_s,fraction\n%.3f,%.3f,%.3f,%.3f,%.3f\n",
+                         bw, wb / 1e6, bound, 1.0 / dt, 1.0 / dt / bound);
+    }
+    free(toks);
+    free(logits);
+    kvt_seq_free(e, &s);
+    kvt_engine_free(e);
+    return st;
+}
+
+/* ms per generated token against position, cache on vs off. With the cache a
+ * step does a fixed amount of matmul work plus attention over T positions
+ * (flat-ish); without it, a step re-runs all T tokens (linear in T). */
+static kvt_status bench_positions(kvt_model *m, const kvt_options *o, int every, FILE *csv) {
+    kvt_options on = *o, off = *o;
+    on.kv_cache = 1;
+    off.kv_cache = 0;
+    kvt_engine *e_on, *e_off = NULL;
+    kvt_seq s_on, s_off;
+    kvt_status st = kvt_engine_create(&e_on, m, &on);
+    if (st == KVT_OK) st = kvt_engine_create(&e_off, m, &off);
+    if (st != KVT_OK) { kvt_engine_free(e_on); return st; }
+    kvt_seq_init(e_on, &s_on);
+    kvt_seq_init(e_off, &s_off);
+    int V = m->c.vocab_size, TMAX = m->c.seq_len, reps = 4;
+    int *toks = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
+    float *logits = (float *)kvt_malloc((size_t)V * sizeof(float));
+    kvt_fake_tokens(toks, TMAX, V);
+    printf("%8s %16s %16s\n", "position", "cache on ms/tok", "cache off ms/tok");
+    if (csv) fprintf(csv, "position,cache_on_ms,cache_off_ms\n");
+    for (int pos = every; pos + reps <= TMAX && st == KVT_OK; pos += every) {
+        /* cache on: fill positions 0..pos-1, time `reps` single-token steps */
+        kvt_seq_reset(e_on, &s_on);
+        st = kvt_forward(e_on, &s_on, toks, pos - 1, logits, 0);
+        double t0 = kvt_now();
+        for (int i = 0; i < reps && st == KVT_OK; i++) st = kvt_step(e_on, &s_on, toks, pos + i, logits);
+        double ms_on = 1e3 * (kvt_now() - t0) / reps;
+        /* cache off: one step re-runs all pos tokens */
+        t0 = kvt_now();
+        if (st == KVT_OK) st = kvt_step(e_off, &s_off, toks, pos, logits);
+        double ms_off = 1e3 * (kvt_now() - t0);
+        if (st != KVT_OK) break;
+        printf("%8d %16.3f %16.3f\n", pos, ms_on, ms_off);
+        if (csv) fprintf(csv, "%d,%.4f,%.4f\n", pos, ms_on, ms_off);
+    }
+    free(toks);
+    free(logits);
+    kvt_seq_free(e_on, &s_on);
+    kvt_seq_free(e_off, &s_off);
+    kvt_engine_free(e_on);
+    kvt_engine_free(e_off);
+    return st;
+}
+
+// §20 command line ------------------------------------------------------------------------
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: kvt [options]\n"
+        "  -m, --model PATH        llama2.c checkpoint (default weights/model.bin)\n"
+        "  -z, --tokenizer PATH    llama2.c tokenizer.bin (default weights/tokenizer.bin)\n"
+        "  --random D,L,NH,NKV,HD,V,TMAX  a deterministic random model instead (prints token ids)\n"
+        "  -i, --prompt TEXT       prompt (default \"ROMEO:\"; token ids are faked for --random)\n"
+        "  -n, --steps N           tokens to generate (default 256, at most TMAX - prompt)\n"
+        "  -t, --temperature F     0 = greedy (default 0.8)\n"
+        "  -p, --topp F            nucleus sampling threshold in (0, 1] (default 0.9)\n"
+        "  -s, --seed N            sampling seed (default 42)\n"
+        "  --kv-cache on|off       off: every step recomputes the whole sequence (default on)\n"
+        "  --chunk CH              positions per cache chunk, 1..TMAX (default 16; TMAX = contiguous)\n"
+        "  --chunks N              chunks in the pool (default: enough for one full sequence)\n"
+        "  --kv-dtype fp32|fp16|int8   cache element type (default fp32)\n"
+        "  --kv-group G            int8: channels per scale, must divide HS (default 32, or HS if smaller)\n"
+        "  --attn naive|fused      attention implementation (default fused)\n"
+        "  --split N               fused attention: positions per split (0 auto, -1 never)\n"
+        "  --device cpu|gpu        where to run (default gpu when a CUDA device exists)\n"
+        "  --stats                 print cache and timing figures at the end\n"
+        "  --check                 run CPU and GPU side by side; print the logit difference per step\n"
+        "  --ppl FILE              perplexity of a text file (teacher forced, windows of TMAX)\n"
+        "  --ppl-from F            start --ppl at this fraction of the file (e.g. 0.9)\n"
+        "  --bench decode|positions   speed against the bandwidth bound, or ms/token vs position\n"
+        "  --bench-every N         --bench positions: step between positions (default 64)\n"
+        "  --csv FILE              --bench: also write the table as CSV\n"
+        "  -h, --help              this text\n");
+}
+
+/* Parse an int/float flag value with its allowed range; 0 on error (message set). */
+static int arg_long(const char *flag, const char *s, long lo, long hi, long *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < lo || v > hi) {
+        kvt_fail(KVT_EARG, "%s '%s': expected an integer in [%ld, %ld]", flag, s, lo, hi);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+static int arg_float(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || !(v >= lo && v <= hi)) {
+        kvt_fail(KVT_EARG, "%s '%s': expected a number in [%g, %g]", flag, s, lo, hi);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+static int arg_choice(const char *flag, const char *s, const char *const *names, int n, int *out) {
+    for (int i = 0; i < n; i++) if (!strcmp(s, names[i])) { *out = i; return 1; }
+    char list[128] = "";
+    for (int i = 0; i < n; i++) { strcat(list, i ? "|" : ""); strcat(list, names[i]); }
+    kvt_fail(KVT_EARG, "%s '%s': expected one of %s", flag, s, list);
+    return 0;
+}
+
+typedef struct {
+    const char *model, *tokenizer, *prompt, *ppl, *bench, *csv;
+    int random, steps, stats, check, chunks_set, group_set, bench_every;
+    kvt_config rc;
+    double temperature, topp, ppl_from;
+    long seed;
+    kvt_options o;
+} kvt_cli;
+
+static int parse_args(kvt_cli *a, int argc, char **argv) {
+    static const char *const onoff[] = {"off", "on"}, *const dtypes[] = {"fp32", "fp16", "int8"},
+                             *const attns[] = {"naive", "fused"}, *const devs[] = {"cpu", "gpu"},
+                             *const benches[] = {"decode", "positions"};
+    long v;
+    int c;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
+        if (!strcmp(f, "--stats")) { a->stats = 1; continue; }
+        if (!strcmp(f, "--check")) { a->check = 1; continue; }
+        static const char *const valued[] = {"-m", "--model", "-z", "--tokenizer", "-i", "--prompt", "--ppl", "--csv",
+            "--random", "-n", "--steps", "-t", "--temperature", "-p", "--topp", "-s", "--seed", "--kv-cache", "--chunk",
+            "--chunks", "--kv-dtype", "--kv-group", "--attn", "--split", "--device", "--ppl-from", "--bench",
+            "--bench-every"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof(valued) / sizeof(valued[0]); k++) known |= !strcmp(f, valued[k]);
+        if (!known) { kvt_fail(KVT_EARG, "unknown flag '%s' (see --help)", f); return 0; }
+        if (i + 1 >= argc) { kvt_fail(KVT_EARG, "%s needs a value", f); return 0; }
+        const char *s = argv[++i];
+        if (!strcmp(f, "-m") || !strcmp(f, "--model")) a->model = s;
+        else if (!strcmp(f, "-z") || !strcmp(f, "--tokenizer")) a->tokenizer = s;
+        else if (!strcmp(f, "-i") || !strcmp(f, "--prompt")) a->prompt = s;
+        else if (!strcmp(f, "--ppl")) a->ppl = s;
+        else if (!strcmp(f, "--csv")) a->csv = s;
+        else if (!strcmp(f, "--random")) {
+            kvt_config *r = &a->rc;
+            if (sscanf(s, "%d,%d,%d,%d,%d,%d,%d", &r->dim, &r->n_layers, &r->n_heads, &r->n_kv_heads,
+                       &r->hidden_dim, &r->vocab_size, &r->seq_len) != 7) {
+                kvt_fail(KVT_EARG, "--random '%s': expected D,L,NH,NKV,HD,V,TMAX (7 integers)", s);
+                return 0;
+            }
+            r->vocab_size = -abs(r->vocab_size); /* unshared classifier (spread-out logits) */
+            if (kvt_config_check(r) != KVT_OK) {
+                char msg[sizeof(kvt_errbuf)];
+                snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
+                kvt_fail(KVT_EARG, "--random: %s", msg);
+                return 0;
+            }
+            a->random = 1;
+        }
+        else if (!strcmp(f, "-n") || !strcmp(f, "--steps")) { if (!arg_long(f, s, 0, KVT_LIMIT_SEQ, &v)) return 0; a->steps = (int)v; }
+        else if (!strcmp(f, "-t") || !strcmp(f, "--temperature")) { if (!arg_float(f, s, 0, 100, &a->temperature)) return 0; }
+        else if (!strcmp(f, "-p") || !strcmp(f, "--topp")) { if (!arg_float(f, s, 1e-6, 1, &a->topp)) return 0; }
+        else if (!strcmp(f, "-s") || !strcmp(f, "--seed")) { if (!arg_long(f, s, 0, 2147483647L, &a->seed)) return 0; }
+        else if (!strcmp(f, "--kv-cache")) { if (!arg_choice(f, s, onoff, 2, &a->o.kv_cache)) return 0; }
+        else if (!strcmp(f, "--chunk")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->o.CH = (int)v; }
+        else if (!strcmp(f, "--chunks")) { if (!arg_long(f, s, 1, 1 << 28, &v)) return 0; a->o.n_chunks = (int)v; }
+        else if (!strcmp(f, "--kv-dtype")) { if (!arg_choice(f, s, dtypes, 3, &c)) return 0; a->o.kv_dtype = (kvt_dtype)c; }
+        else if (!strcmp(f, "--kv-group")) { if (!arg_long(f, s, 1, KVT_MAX_HS, &v)) return 0; a->o.kv_group = (int)v; a->group_set = 1; }
+        else if (!strcmp(f, "--attn")) { if (!arg_choice(f, s, attns, 2, &c)) return 0; a->o.attn = (kvt_attn)c; }
+        else if (!strcmp(f, "--split")) { if (!arg_long(f, s, -1, KVT_LIMIT_SEQ, &v)) return 0; a->o.split_len = (int)v; }
+        else if (!strcmp(f, "--device")) { if (!arg_choice(f, s, devs, 2, &c)) return 0; a->o.device = (kvt_device)c; }
+        else if (!strcmp(f, "--ppl-from")) { if (!arg_float(f, s, 0, 1, &a->ppl_from)) return 0; }
+        else if (!strcmp(f, "--bench")) { if (!arg_choice(f, s, benches, 2, &c)) return 0; a->bench = benches[c]; }
+        else if (!strcmp(f, "--bench-every")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->bench_every = (int)v; }
+    }
+    return 1;
+}
+
+static void print_stats(kvt_engine *e, const kvt_seq *s) {
+    kvt_pool *p = &e->pool;
+    double bpv = p->dtype == KVT_INT8 ? 8.0 + 32.0 / p->G : 8.0 * (double)kvt_dtype_bytes(p->dtype);
+    double chunk_bytes = (double)p->chunk_elems * bpv / 8.0;
+    int used = p->n_chunks - p->n_free;
+    long slots = (long)s->n_table * p->CH;
+    fprintf(stderr, "[stats] device %s | attention %s | kv cache %s, %s, CH %d%s\n",
+            e->gpu ? kvt_gpu_name() : "cpu", e->o.attn == KVT_ATTN_NAIVE ? "naive" : "fused",
+            e->o.kv_cache ? "on" : "off (recomputed every step)", kvt_dtype_name(p->dtype), p->CH,
+            p->dtype == KVT_INT8 ? "" : "");
+    fprintf(stderr, "[stats] bits per cached value %.2f%s; chunk %.0f bytes; pool %.0f bytes\n", bpv,
+            p->dtype == KVT_INT8 ? " (8 + 32/G for the fp32 scale)" : "", chunk_bytes, chunk_bytes * p->n_chunks);
+    fprintf(stderr, "[stats] chunks in use %d, peak %d, capacity %d; cache bytes in use %.0f\n", used,
+            p->peak_used, p->n_chunks, chunk_bytes * used);
+    fprintf(stderr, "[stats] positions cached %d, slots allocated %ld, unused %ld (%.1f%%)\n", s->len, slots,
+            slots - s->len, slots ? 100.0 * (double)(slots - s->len) / (double)slots : 0.0);
+    if (e->n_prefill)
+        fprintf(stderr, "[stats] prefill %ld tokens in %.2f ms (%.1f tokens/s)\n", e->n_prefill, 1e3 * e->t_prefill,
+                (double)e->n_prefill / e->t_prefill);
+    if (e->n_decode)
+        fprintf(stderr, "[stats] decode %ld steps in %.2f ms (%.2f ms/token, %.1f tokens/s)\n", e->n_decode,
+                1e3 * e->t_decode, 1e3 * e->t_decode / (double)e->n_decode, (double)e->n_decode / e->t_decode);
+}
+
+/* Teacher-forced mean negative log-likelihood of a text, in windows of TMAX
+ * positions: [BOS, c0 .. c(W-2)] predicts c0 .. c(W-1), W = TMAX - 1 chars. */
+static kvt_status run_ppl(kvt_engine *e, kvt_tokenizer *tk, const char *path, double from) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvt_fail(KVT_EIO, "--ppl: cannot open '%s'", path);
+    fseeko(f, 0, SEEK_END);
+    long long size = (long long)ftello(f), start = (long long)(from * (double)size);
+    fseeko(f, start, SEEK_SET);
+    size_t len = (size_t)(size - start);
+    char *text = (char *)kvt_malloc(len + 1);
+    len = fread(text, 1, len, f);
+    text[len] = '\0';
+    fclose(f);
+    int *ids = (int *)kvt_malloc((len + 3) * sizeof(int)), n = 0;
+    kvt_status st = KVT_OK;
+    for (size_t i = 0; i < len && st == KVT_OK;) { /* line by line keeps BPE merging fast */
+        size_t j = i;
+        while (j < len && text[j] != '\n') j++;
+        if (j < len) j++;
+        st = encode_piece(tk, text + i, j - i, i == 0 && tk->dummy_prefix, ids, &n);
+        i = j;
+    }
+    free(text);
+    int V = e->m->c.vocab_size, W = e->m->c.seq_len - 1;
+    float *logits = (float *)kvt_malloc((size_t)(W + 1) * V * sizeof(float));
+    int *win = (int *)kvt_malloc((size_t)(W + 1) * sizeof(int));
+    kvt_seq s;
+    if (st == KVT_OK) st = kvt_seq_init(e, &s);
+    double nll = 0.0;
+    long count = 0;
+    for (int w0 = 0; w0 < n && st == KVT_OK; w0 += W) {
+        int wl = n - w0 < W ? n - w0 : W;
+        win[0] = KVT_BOS;
+        memcpy(win + 1, ids + w0, (size_t)(wl - 1) * sizeof(int));
+        kvt_seq_reset(e, &s);
+        st = kvt_forward(e, &s, win, wl, logits, 1);
+        for (int j = 0; j < wl && st == KVT_OK; j++) {
+            const float *lj = logits + (size_t)j * V;
+            double mx = -INFINITY, z = 0.0;
+            for (int v = 0; v < V; v++) mx = fmax(mx, (double)lj[v]);
+            for (int v = 0; v < V; v++) z += exp((double)lj[v] - mx);
+            nll += mx + log(z) - (double)lj[ids[w0 + j]];
+            count++;
+        }
+    }
+    if (st == KVT_OK) {
+        kvt_seq_free(e, &s);
+        printf("ppl: %s from %.3f: %ld tokens, mean NLL %.6f nats/token, perplexity %.4f\n", path, from, count,
+               nll / (double)count, exp(nll / (double)count));
+    }
+    free(ids);
+    free(logits);
+    free(win);
+    return st;
+}
+
+/* Print a token: as text when there is a tokenizer, else as its id. */
+static void print_token(const kvt_tokenizer *tk, int prev, int tok) {
+    if (!tk) { printf("%d ", tok); return; }
+    const char *piece = kvt_decode(tk, prev, tok);
+    if (piece[0] && !piece[1] && !(piece[0] >= 32 || piece[0] == '\n' || piece[0] == '\t')) return;
+    printf("%s", piece);
+}
+
+static int cli_fail(const char *what) {
+    fprintf(stderr, "kvt: %s%s\n", what ? what : "", kvt_errbuf);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    kvt_cli a;
+    memset(&a, 0, sizeof(a));
+    a.model = "weights/model.bin";
+    a.tokenizer = "weights/tokenizer.bin";
+    a.prompt = "ROMEO:";
+    a.steps = -1;
+    a.temperature = 0.8;
+    a.topp = 0.9;
+    a.seed = 42;
+    a.bench_every = 64;
+    kvt_options_default(&a.o);
+    if (!parse_args(&a, argc, argv)) { cli_fail(""); fprintf(stderr, "run 'kvt --help' for the flags\n"); return 1; }
+
+    kvt_model m;
+    kvt_status st = a.random ? kvt_model_random(&m, a.rc, 1) : kvt_model_load(&m, a.model);
+    if (st != KVT_OK) return cli_fail("");
+    int V = m.c.vocab_size, TMAX = m.c.seq_len, HS = m.head_size;
+    if (!a.group_set && a.o.kv_group > HS) a.o.kv_group = HS;
+    FILE *csv = NULL;
+    if (a.csv && !(csv = fopen(a.csv, "w"))) { kvt_fail(KVT_EIO, "--csv: cannot write '%s'", a.csv); return cli_fail(""); }
+    if (a.bench) {
+        st = !strcmp(a.bench, "decode") ? bench_decode(&m, &a.o, csv) : bench_positions(&m, &a.o, a.bench_every, csv);
+        if (csv) fclose(csv);
+        kvt_model_free(&m);
+        return st == KVT_OK ? 0 : cli_fail("");
+    }
+    kvt_tokenizer tk, *tkp = NULL;
+    if (!a.random) {
+        if ((st = kvt_tokenizer_load(&tk, a.tokenizer, V)) != KVT_OK) return cli_fail("");
+        tkp = &tk;
+    }
+    kvt_engine *e, *ref = NULL;
+    if ((st = kvt_engine_create(&e, &m, &a.o)) != KVT_OK) return cli_fail("");
+    if (a.ppl) {
+        if (!tkp) { kvt_fail(KVT_EARG, "--ppl needs a tokenizer (not --random)"); return cli_fail(""); }
+        st = run_ppl(e, tkp, a.ppl, a.ppl_from);
+        if (st == KVT_OK && a.stats) fprintf(stderr, "[stats] device %s\n", e->gpu ? kvt_gpu_name() : "cpu");
+        return st == KVT_OK ? 0 : cli_fail("");
+    }
+    if (a.check) { /* the reference: the same options on the CPU */
+        kvt_options ro = e->o;
+        ro.device = KVT_CPU;
+        if (!e->gpu) {
+            kvt_fail(KVT_EARG, "--check compares the GPU path with the CPU: add --device gpu (needs a CUDA device, "
+                     "or the C build, which emulates the kernels)");
+            return cli_fail("");
+        }
+        if ((st = kvt_engine_create(&ref, &m, &ro)) != KVT_OK) return cli_fail("");
+        fprintf(stderr, "[check] %s against the CPU reference, tolerance KVT_TOL_GPU = %.0e\n", kvt_gpu_name(), KVT_TOL_GPU);
+    }
+    int *hist = (int *)kvt_malloc((size_t)TMAX * sizeof(int)), np = 0;
+    if (tkp) st = kvt_encode(tkp, a.prompt, 1, hist, TMAX, &np);
+    else { np = 8 < TMAX ? 8 : 1; hist[0] = KVT_BOS % V; kvt_fake_tokens(hist + 1, np - 1, V); }
+    if (st != KVT_OK) return cli_fail("prompt: ");
+    if (a.steps < 0) a.steps = TMAX - np < 256 ? TMAX - np : 256;
+    if (np + a.steps > TMAX) {
+        kvt_fail(KVT_ECONTEXT, "-n %d: the prompt is %d tokens, so -n must be in [0, %d] (context TMAX = %d)",
+                 a.steps, np, TMAX - np, TMAX);
+        return cli_fail("");
+    }
+    kvt_sampler sm;
+    kvt_sampler_init(&sm, V, (float)a.temperature, (float)a.topp, (uint64_t)a.seed);
+    float *logits = (float *)kvt_malloc((size_t)V * sizeof(float)), *ref_logits = (float *)kvt_malloc((size_t)V * sizeof(float));
+    kvt_seq s, rs;
+    kvt_seq_init(e, &s);
+    if (ref) kvt_seq_init(ref, &rs);
+    for (int i = 0; i < np; i++) print_token(tkp, i ? hist[i - 1] : -1, hist[i]);
+    fflush(stdout);
+    int n = np, check_ok = 1;
+    while (n < np + a.steps && st == KVT_OK) {
+        st = kvt_step(e, &s, hist, n, logits);
+        if (st == KVT_OK && ref) {
+            if ((st = kvt_step(ref, &rs, hist, n, ref_logits)) != KVT_OK) break;
+            char what[64];
+            snprintf(what, sizeof(what), "--check step %d logits, gpu vs cpu", n - np);
+            check_ok &= kvt_check(what, logits, ref_logits, V, "vocab=1000000000", KVT_TOL_GPU, "KVT_TOL_GPU");
+        }
+        if (st != KVT_OK) break;
+        int next = kvt_sample(&sm, logits, V);
+        if (tkp && (next == KVT_BOS || next == KVT_EOS)) break;
+        print_token(tkp, hist[n - 1], next);
+        fflush(stdout);
+        hist[n++] = next;
+    }
+    printf("\n");
+    if (st != KVT_OK) return cli_fail("");
+    if (a.stats) print_stats(e, &s);
+    if (ref) fprintf(stderr, "%s --check: %d steps, GPU logits %s the CPU reference within KVT_TOL_GPU = %.0e\n",
+                     check_ok ? "PASS" : "FAIL", n - np, check_ok ? "match" : "do NOT match", KVT_TOL_GPU);
+    kvt_seq_free(e, &s);
+    if (ref) { kvt_seq_free(ref, &rs); kvt_engine_free(ref); }
+    kvt_engine_free(e);
+    kvt_sampler_free(&sm);
+    free(hist);
+    free(logits);
+    free(ref_logits);
+    if (tkp) kvt_tokenizer_free(tkp);
+    kvt_model_free(&m);
+    return check_ok ? 0 : 1;
+}
+#endif

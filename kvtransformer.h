@@ -1,0 +1,218 @@
+/* kvtransformer.h - the public C API of kvtransformer.cu (declarations only).
+ *
+ * Dimension legend (used in every shape comment, here and in the .cu file):
+ *   L layers, D model dim, NH query heads, NKV kv heads, HS head size (D/NH),
+ *   KVD = NKV*HS, HD FFN hidden, V vocab, T positions so far, TMAX max positions,
+ *   CH positions per cache chunk, G channels per int8 quantization scale,
+ *   n rows (new tokens) in one forward call.
+ *
+ * Errors: every function that faces user input returns a kvt_status; on failure
+ * kvt_last_error() holds one readable line saying what was expected and found.
+ * Nothing here calls exit(); broken invariants and CUDA failures stop the program
+ * through kvt_fatal ("[KVT ERROR] file:line: ...").
+ */
+#ifndef KVTRANSFORMER_H
+#define KVTRANSFORMER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    KVT_OK = 0,
+    KVT_EIO,       /* a file could not be opened or read */
+    KVT_EFORMAT,   /* a file is truncated, oversized or inconsistent */
+    KVT_EARG,      /* an option or argument is out of range */
+    KVT_ECONTEXT,  /* more positions than the model's context TMAX */
+    KVT_EPOOL,     /* the KV chunk pool has no free chunk left */
+    KVT_ENOMEM,    /* host or device allocation failed */
+} kvt_status;
+
+const char *kvt_last_error(void);
+
+/* ---- model ------------------------------------------------------------- */
+
+/* The 7 int32 header of a llama2.c checkpoint, in file order. */
+typedef struct {
+    int dim;        /* D */
+    int hidden_dim; /* HD */
+    int n_layers;   /* L */
+    int n_heads;    /* NH */
+    int n_kv_heads; /* NKV */
+    int vocab_size; /* V (negative in the file: unshared classifier) */
+    int seq_len;    /* TMAX */
+} kvt_config;
+
+/* Pointers into one float buffer, in the checkpoint's order. */
+typedef struct {
+    float *token_embedding; /* (V, D) */
+    float *rms_att;         /* (L, D) */
+    float *wq;              /* (L, D, D)   rows = outputs (NH*HS), cols = inputs */
+    float *wk;              /* (L, KVD, D) */
+    float *wv;              /* (L, KVD, D) */
+    float *wo;              /* (L, D, D) */
+    float *rms_ffn;         /* (L, D) */
+    float *w1;              /* (L, HD, D)  gate */
+    float *w2;              /* (L, D, HD)  down */
+    float *w3;              /* (L, HD, D)  up */
+    float *rms_final;       /* (D) */
+    float *wcls;            /* (V, D)  == token_embedding when shared */
+} kvt_weights;
+
+typedef struct {
+    kvt_config c;         /* vocab_size here is always positive */
+    int shared_classifier;/* 1: wcls is the token embedding */
+    int head_size;        /* HS = D / NH */
+    int kv_dim;           /* KVD = NKV * HS */
+    float *data;          /* every weight, (n_floats) */
+    size_t n_floats;
+    kvt_weights w;        /* host pointers into data */
+    float *d_data;        /* device copy (GPU path only), else NULL */
+    kvt_weights d_w;      /* device pointers into d_data */
+} kvt_model;
+
+/* Load a llama2.c (legacy, version 0) checkpoint. Sizes are checked against the
+ * file length before anything is allocated. */
+kvt_status kvt_model_load(kvt_model *m, const char *path);
+/* A deterministic random model of the given shape (for tests and benchmarks). */
+kvt_status kvt_model_random(kvt_model *m, kvt_config c, uint64_t seed);
+/* Validate a header; used by both of the above. */
+kvt_status kvt_config_check(const kvt_config *c);
+void kvt_model_free(kvt_model *m);
+
+/* ---- tokenizer ----------------------------------------------------------- */
+
+struct kvt_piece; /* (text, id), defined in kvtransformer.cu */
+struct kvt_prob;  /* (probability, id), defined in kvtransformer.cu */
+
+typedef struct {
+    int vocab_size;        /* V */
+    char **vocab;          /* (V) NUL-terminated pieces */
+    float *scores;         /* (V) BPE merge priority */
+    int max_token_length;
+    struct kvt_piece *sorted; /* (V) pieces sorted by text, for lookup */
+    int byte_fallback;     /* 1: ids 3..258 are <0x00>..<0xFF> */
+    int dummy_prefix;      /* 1: prepend " " (sentencepiece vocabularies: those with byte fallback) */
+    char byte_piece[512];  /* (256) one-char strings for raw bytes */
+} kvt_tokenizer;
+
+#define KVT_BOS 1
+#define KVT_EOS 2
+
+kvt_status kvt_tokenizer_load(kvt_tokenizer *t, const char *path, int vocab_size);
+void kvt_tokenizer_free(kvt_tokenizer *t);
+/* Encode text (BOS first when bos != 0) into tokens (at most max_tokens). */
+kvt_status kvt_encode(const kvt_tokenizer *t, const char *text, int bos,
+                      int *tokens, int max_tokens, int *n_tokens);
+/* The text of token `tok` when it follows `prev` ("<0x41>" becomes "A"). */
+const char *kvt_decode(const kvt_tokenizer *t, int prev, int tok);
+
+/* ---- KV cache: a pool of chunks, a chunk table per sequence ------------- */
+
+typedef enum { KVT_FP32 = 0, KVT_FP16 = 1, KVT_INT8 = 2 } kvt_dtype;
+
+typedef struct {
+    int L, NKV, HS;      /* shape of one position: L layers x (K, V) x NKV x HS */
+    int CH;              /* positions per chunk */
+    int n_chunks;        /* capacity */
+    kvt_dtype dtype;
+    int G;               /* int8: channels per scale */
+    size_t chunk_elems;  /* elements per chunk: L * 2 * CH * NKV * HS */
+    size_t chunk_scales; /* scales per chunk (int8): L * 2 * CH * NKV * HS/G */
+    void *data;          /* (n_chunks, L, 2, CH, NKV, HS) fp32/fp16 bits/int8 */
+    float *scales;       /* (n_chunks, L, 2, CH, NKV, HS/G) int8 only, else NULL */
+    int on_device;       /* data/scales are device pointers */
+    int *refcount;       /* (n_chunks) host bookkeeping */
+    int *free_list;      /* (n_chunks) stack of free chunk ids */
+    int n_free;
+    int peak_used;
+    long shared_hits;    /* times a chunk was shared instead of copied (fork) */
+    long cow_copies;     /* copy-on-write copies */
+} kvt_pool;
+
+typedef struct {
+    int len;          /* T: positions cached */
+    int n_table;      /* chunks owned (ceil(len / CH) after a forward) */
+    int max_table;    /* ceil(TMAX / CH) */
+    int *table;       /* (max_table) logical chunk -> physical chunk id */
+} kvt_seq;
+
+/* ---- engine: a model on a device with a pool and scratch buffers -------- */
+
+typedef enum { KVT_CPU = 0, KVT_GPU = 1 } kvt_device;
+typedef enum { KVT_ATTN_NAIVE = 0, KVT_ATTN_FUSED = 1 } kvt_attn;
+
+typedef struct {
+    kvt_device device;
+    kvt_attn attn;
+    int kv_cache;     /* 1: cached decode; 0: recompute the whole sequence each step */
+    int CH;           /* positions per chunk (1..TMAX) */
+    int n_chunks;     /* pool size; 0 = enough for max_seqs full sequences */
+    int max_seqs;     /* sequences that may be live at once (default 1) */
+    kvt_dtype kv_dtype;
+    int kv_group;     /* G for int8 (must divide HS) */
+    int split_len;    /* fused GPU attention: positions per split; 0 = automatic, -1 = never */
+    int max_rows;     /* most rows per forward call (longer prefills are cut) */
+} kvt_options;
+
+void kvt_options_default(kvt_options *o);
+
+typedef struct kvt_engine kvt_engine; /* opaque; defined in kvtransformer.cu */
+
+kvt_status kvt_engine_create(kvt_engine **e, kvt_model *m, const kvt_options *o);
+void kvt_engine_free(kvt_engine *e);
+kvt_pool *kvt_engine_pool(kvt_engine *e);
+
+kvt_status kvt_seq_init(kvt_engine *e, kvt_seq *s);
+void kvt_seq_reset(kvt_engine *e, kvt_seq *s); /* return its chunks; len = 0 */
+void kvt_seq_free(kvt_engine *e, kvt_seq *s);
+/* dst shares all of src's chunks (refcounts go up); writing copies a shared
+ * partly filled chunk first (copy-on-write). */
+kvt_status kvt_seq_fork(kvt_engine *e, kvt_seq *dst, const kvt_seq *src);
+/* Refcounts match the tables of these live sequences; nothing free is held. */
+kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs);
+
+/* Run n new tokens at positions seq->len .. seq->len+n-1. They attend causally to
+ * the cached positions and to each other; their K/V are appended to the cache.
+ * logits: (n, V) when all_logits, else (V) for the last token. On any error
+ * nothing has been written and seq is unchanged. */
+kvt_status kvt_forward(kvt_engine *e, kvt_seq *seq, const int *tokens, int n,
+                       float *logits, int all_logits);
+
+/* One generation step as the options say: with the cache, feed `tok` at seq->len;
+ * without it (kv_cache = 0), reset seq and re-run all of history[0..n_hist). */
+kvt_status kvt_step(kvt_engine *e, kvt_seq *seq, const int *history, int n_hist,
+                    float *logits);
+
+/* Read back cached K or V (dequantized to fp32) of one position: out (NKV, HS). */
+void kvt_cache_read(kvt_engine *e, const kvt_seq *s, int layer, int kv, int pos,
+                    float *out);
+
+/* ---- sampling ------------------------------------------------------------ */
+
+typedef struct {
+    float temperature; /* 0 = greedy */
+    float topp;        /* nucleus threshold in (0, 1]; 1 = off */
+    uint64_t state;    /* xorshift state (from the seed) */
+    struct kvt_prob *cand; /* (V) scratch for top-p */
+} kvt_sampler;
+
+void kvt_sampler_init(kvt_sampler *s, int V, float temperature, float topp, uint64_t seed);
+void kvt_sampler_free(kvt_sampler *s);
+int kvt_sample(kvt_sampler *s, float *logits, int V); /* modifies logits */
+int kvt_argmax(const float *x, int n);
+
+/* ---- int8 / fp16 helpers (exposed for tests) ----------------------------- */
+
+uint16_t kvt_f32_to_f16(float x);
+float kvt_f16_to_f32(uint16_t h);
+/* Quantize one group of g values: returns the scale, writes q (g). */
+float kvt_quantize_group(const float *x, int8_t *q, int g);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

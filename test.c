@@ -1,0 +1,919 @@
+/* test.c - `make test`: every op against an independent float64 computation,
+ * every GPU kernel against the CPU path (emulated in the C build, on the device
+ * in the nvcc build), end-to-end equivalences (cache on/off, chunk sizes,
+ * prefill vs one token at a time), number formats, and bad input.
+ *
+ * It includes kvtransformer.cu itself so it can call the static ops directly.
+ * Usage: ./test_kvt [path to the kvt binary, for the command-line checks]
+ * Ends with "N passed, N failed, N skipped"; exits 1 on any failure. */
+#define KVT_NO_MAIN
+#include "kvtransformer.cu"
+
+/* Tolerances, each relative to the largest |value| of the reference:
+ * TOL_OP: one fp32 op (a dot product of <= 512 terms) against float64: fp32
+ *   rounding is ~1e-7 per term, so 1e-5 is 10x above what correct code shows;
+ *   a wrong index or a missing term is O(1).
+ * TOL_ATTN: the issue's bound for fused vs naive attention, also used against
+ *   the float64 reference.
+ * TOL_E2E: two fp32 forward passes that differ only in summation order
+ *   (sgemm vs sgemv, cached vs recomputed, chunk sizes): ~1e-6 seen on logits.
+ * KVT_TOL_GPU (kvtransformer.cu §18): GPU vs CPU logits. */
+#define TOL_OP 1e-5
+#define TOL_ATTN 1e-5
+#define TOL_E2E 1e-5
+
+static int n_pass, n_fail, n_skip;
+static const char *kvt_bin = "./kvt";
+
+static void tally(int ok) { if (ok) n_pass++; else n_fail++; }
+static int expect(int ok, const char *fmt, ...) {
+    va_list ap;
+    printf("%s ", ok ? "PASS" : "FAIL");
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    tally(ok);
+    return ok;
+}
+static void skip(const char *what) { printf("SKIP %s\n", what); n_skip++; }
+static int contains(const char *s, const char *sub) { return strstr(s, sub) != NULL; }
+
+static float *frand(size_t n, float scale, uint64_t seed) {
+    float *x = (float *)kvt_malloc(n * sizeof(float));
+    uint64_t s = seed * 7919 + 13;
+    kvt_fill_uniform(x, n, scale, 0.0f, &s);
+    return x;
+}
+static void *dev_copy(int gpu, const void *h, size_t bytes) { /* a buffer on the test's device */
+    void *d;
+    KVT_ASSERT(buf_alloc(gpu, &d, bytes, "test buffer") == KVT_OK);
+    buf_upload(gpu, d, h, bytes);
+    return d;
+}
+static float *to_host(int gpu, const float *d, size_t n) {
+    float *h = (float *)kvt_malloc(n * sizeof(float));
+    buf_download(gpu, h, d, n * sizeof(float));
+    return h;
+}
+/* float (n) -> float, so kvt_check can compare a float64 reference */
+static float *narrow(const double *x, size_t n) {
+    float *f = (float *)kvt_malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
+    return f;
+}
+
+// ---- ops against float64 -------------------------------------------------------
+
+static void test_rmsnorm(int gpu) {
+    int n = 3, D = 45;
+    float *x = frand((size_t)n * D, 2.0f, 1), *w = frand(D, 1.0f, 2);
+    double *ref = (double *)kvt_malloc((size_t)n * D * sizeof(double));
+    for (int r = 0; r < n; r++) {
+        double ss = 0;
+        for (int c = 0; c < D; c++) ss += (double)x[r * D + c] * x[r * D + c];
+        for (int c = 0; c < D; c++) ref[r * D + c] = w[c] * x[r * D + c] / sqrt(ss / D + 1e-5);
+    }
+    float *dx = (float *)dev_copy(gpu, x, (size_t)n * D * 4), *dw = (float *)dev_copy(gpu, w, (size_t)D * 4);
+    float *dout = (float *)dev_copy(gpu, x, (size_t)n * D * 4);
+    if (gpu) rmsnorm_gpu(dout, dx, dw, n, D);
+    else rmsnorm_cpu(dout, dx, dw, n, D);
+    float *got = to_host(gpu, dout, (size_t)n * D), *want = narrow(ref, (size_t)n * D);
+    tally(kvt_check(gpu ? "rmsnorm gpu vs float64" : "rmsnorm cpu vs float64", got, want, (long)n * D,
+                    "row=3,ch=45", TOL_OP, "TOL_OP"));
+    buf_free(gpu, dx); buf_free(gpu, dw); buf_free(gpu, dout);
+    free(x); free(w); free(ref); free(got); free(want);
+}
+
+/* matmul through `fn` (cpu, the rows kernel, the tiled kernel) for one shape. */
+static void test_matmul_one(int gpu, const char *name, void (*fn)(float *, const float *, const float *, int, int, int),
+                            int n, int k, int d) {
+    float *x = frand((size_t)n * k, 1.0f, 3), *w = frand((size_t)d * k, 1.0f, 4);
+    double *ref = (double *)kvt_malloc((size_t)n * d * sizeof(double));
+    for (int r = 0; r < n; r++)
+        for (int o = 0; o < d; o++) {
+            double s = 0;
+            for (int c = 0; c < k; c++) s += (double)x[(size_t)r * k + c] * w[(size_t)o * k + c];
+            ref[(size_t)r * d + o] = s;
+        }
+    float *dx = (float *)dev_copy(gpu, x, (size_t)n * k * 4), *dw = (float *)dev_copy(gpu, w, (size_t)d * k * 4);
+    float *dout = (float *)dev_copy(gpu, ref, 4); /* contents irrelevant */
+    buf_free(gpu, dout);
+    KVT_ASSERT(buf_alloc(gpu, (void **)&dout, (size_t)n * d * 4, "test") == KVT_OK);
+    fn(dout, dx, dw, n, k, d);
+    float *got = to_host(gpu, dout, (size_t)n * d), *want = narrow(ref, (size_t)n * d);
+    char what[96], shape[64];
+    snprintf(what, sizeof(what), "matmul %s n=%d k=%d d=%d vs float64", name, n, k, d);
+    snprintf(shape, sizeof(shape), "row=%d,out=%d", n, d);
+    tally(kvt_check(what, got, want, (long)n * d, shape, TOL_OP, "TOL_OP"));
+    buf_free(gpu, dx); buf_free(gpu, dw); buf_free(gpu, dout);
+    free(x); free(w); free(ref); free(got); free(want);
+}
+static void test_matmul(int gpu) {
+    int shapes[][3] = {{1, 45, 70}, {5, 45, 70}, {17, 64, 33}, {1, 128, 97}};
+    for (int i = 0; i < 4; i++) {
+        int n = shapes[i][0], k = shapes[i][1], d = shapes[i][2];
+        if (!gpu) test_matmul_one(0, "cpu (openblas)", matmul_cpu, n, k, d);
+        else {
+            test_matmul_one(1, "gpu rows kernel", matmul_rows_gpu, n, k, d);
+            test_matmul_one(1, "gpu tiled kernel", matmul_tiled_gpu, n, k, d);
+        }
+    }
+}
+
+static void test_rope(int gpu) {
+    int n = 4, NH = 4, NKV = 2, HS = 8, pos[4] = {0, 1, 37, 511};
+    float *q = frand((size_t)n * NH * HS, 1.0f, 5), *k = frand((size_t)n * NKV * HS, 1.0f, 6);
+    double *rq = (double *)kvt_malloc((size_t)n * NH * HS * sizeof(double));
+    double *rk = (double *)kvt_malloc((size_t)n * NKV * HS * sizeof(double));
+    for (int pass = 0; pass < 2; pass++) { /* independent: angle = pos * 10000^(-i/HS), float64 */
+        const float *src = pass ? k : q;
+        double *dst = pass ? rk : rq;
+        int heads = pass ? NKV : NH;
+        for (int r = 0; r < n; r++)
+            for (int h = 0; h < heads; h++)
+                for (int i = 0; i < HS; i += 2) {
+                    double a = pos[r] * pow(10000.0, -(double)i / HS);
+                    const float *v = src + ((size_t)r * heads + h) * HS + i;
+                    dst[((size_t)r * heads + h) * HS + i] = v[0] * cos(a) - v[1] * sin(a);
+                    dst[((size_t)r * heads + h) * HS + i + 1] = v[0] * sin(a) + v[1] * cos(a);
+                }
+    }
+    float *dq = (float *)dev_copy(gpu, q, (size_t)n * NH * HS * 4), *dk = (float *)dev_copy(gpu, k, (size_t)n * NKV * HS * 4);
+    int *dpos = (int *)dev_copy(gpu, pos, sizeof(pos));
+    if (gpu) rope_gpu(dq, dk, dpos, n, NH, NKV, HS);
+    else rope_cpu(dq, dk, dpos, n, NH, NKV, HS);
+    float *gq = to_host(gpu, dq, (size_t)n * NH * HS), *gk = to_host(gpu, dk, (size_t)n * NKV * HS);
+    float *wq = narrow(rq, (size_t)n * NH * HS), *wk = narrow(rk, (size_t)n * NKV * HS);
+    /* fp32 angles at position 511 carry ~3e-5 rad of rounding (511 * 2^-24 * 4) */
+    tally(kvt_check(gpu ? "rope q gpu vs float64" : "rope q cpu vs float64", gq, wq, (long)n * NH * HS,
+                    "row=4,head=4,ch=8", 1e-4, "TOL_ROPE_ANGLE"));
+    tally(kvt_check(gpu ? "rope k gpu vs float64" : "rope k cpu vs float64", gk, wk, (long)n * NKV * HS,
+                    "row=4,head=2,ch=8", 1e-4, "TOL_ROPE_ANGLE"));
+    buf_free(gpu, dq); buf_free(gpu, dk); buf_free(gpu, dpos);
+    free(q); free(k); free(rq); free(rk); free(gq); free(gk); free(wq); free(wk);
+}
+
+static void test_swiglu_residual_embed(int gpu) {
+    int n = 3, HD = 50, D = 20, V = 7, toks[3] = {6, 0, 3};
+    float *a = frand((size_t)n * HD, 4.0f, 7), *b = frand((size_t)n * HD, 1.0f, 8);
+    double *ref = (double *)kvt_malloc((size_t)n * HD * sizeof(double));
+    for (int i = 0; i < n * HD; i++) ref[i] = a[i] / (1.0 + exp(-(double)a[i])) * b[i];
+    float *da = (float *)dev_copy(gpu, a, (size_t)n * HD * 4), *db = (float *)dev_copy(gpu, b, (size_t)n * HD * 4);
+    if (gpu) swiglu_gpu(da, db, n, HD);
+    else swiglu_cpu(da, db, n, HD);
+    float *got = to_host(gpu, da, (size_t)n * HD), *want = narrow(ref, (size_t)n * HD);
+    tally(kvt_check(gpu ? "swiglu gpu vs float64" : "swiglu cpu vs float64", got, want, (long)n * HD, "row=3,ch=50",
+                    TOL_OP, "TOL_OP"));
+    /* residual: x + y is exact in both */
+    float *x = frand((size_t)n * D, 1.0f, 9), *y = frand((size_t)n * D, 1.0f, 10), sum[60];
+    for (int i = 0; i < n * D; i++) sum[i] = x[i] + y[i];
+    float *dx = (float *)dev_copy(gpu, x, (size_t)n * D * 4), *dy = (float *)dev_copy(gpu, y, (size_t)n * D * 4);
+    if (gpu) residual_gpu(dx, dy, n, D);
+    else residual_cpu(dx, dy, n, D);
+    float *gx = to_host(gpu, dx, (size_t)n * D);
+    tally(kvt_check(gpu ? "residual gpu" : "residual cpu", gx, sum, (long)n * D, "row=3,ch=20", 0.0, "exact"));
+    /* embedding: a gather, exact */
+    float *table = frand((size_t)V * D, 1.0f, 11), want_e[60];
+    for (int r = 0; r < n; r++) memcpy(want_e + r * D, table + toks[r] * D, (size_t)D * 4);
+    float *dt = (float *)dev_copy(gpu, table, (size_t)V * D * 4), *de = (float *)dev_copy(gpu, want_e, sizeof(want_e));
+    int *dtok = (int *)dev_copy(gpu, toks, sizeof(toks));
+    if (gpu) embed_gpu(de, dt, dtok, n, D);
+    else embed_cpu(de, dt, dtok, n, D);
+    float *ge = to_host(gpu, de, (size_t)n * D);
+    tally(kvt_check(gpu ? "embedding gpu" : "embedding cpu", ge, want_e, (long)n * D, "row=3,ch=20", 0.0, "exact"));
+    buf_free(gpu, da); buf_free(gpu, db); buf_free(gpu, dx); buf_free(gpu, dy);
+    buf_free(gpu, dt); buf_free(gpu, de); buf_free(gpu, dtok);
+    free(a); free(b); free(ref); free(got); free(want); free(x); free(y); free(gx); free(table); free(ge);
+}
+
+/* block_reduce (warp shuffles + shared memory) for sums and maxes, 2 warps. */
+__global__ void test_reduce_kernel(float *out, const float *x, int n) {
+    float s = 0.0f, m = -INFINITY;
+    for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x) { s += x[i]; m = fmaxf(m, x[i]); }
+    s = block_reduce(s, KVT_SUM);
+    m = block_reduce(m, KVT_MAX);
+    if (threadIdx.x == 0) { out[0] = s; out[1] = m; }
+}
+static void test_block_reduce(void) {
+    int n = 1000;
+    float *x = frand((size_t)n, 3.0f, 12), want[2] = {0.0f, -INFINITY};
+    double s = 0;
+    for (int i = 0; i < n; i++) { s += x[i]; want[1] = fmaxf(want[1], x[i]); }
+    want[0] = (float)s;
+    float *dx = (float *)dev_copy(1, x, (size_t)n * 4), *dout = (float *)dev_copy(1, want, 8);
+    KVT_LAUNCH(test_reduce_kernel, 1, 1, 64, dout, dx, n);
+    float *got = to_host(1, dout, 2);
+    tally(kvt_check("block_reduce sum and max (2 warps, shuffles) vs float64", got, want, 2, "what=2", TOL_OP, "TOL_OP"));
+    buf_free(1, dx); buf_free(1, dout);
+    free(x); free(got);
+}
+
+// ---- fp16 and int8 ----------------------------------------------------------------
+
+static void test_fp16(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) { /* every half survives half -> float -> half */
+        float f = kvt_f16_to_f32((uint16_t)h);
+        if (f != f) continue; /* NaNs need not keep their payload */
+        if (kvt_f32_to_f16(f) != h) bad++;
+    }
+    expect(bad == 0, "fp16: all 63488 non-NaN halves round-trip exactly (%d bad)", bad);
+    /* float -> half is the nearest half, ties to even: checked against the two
+     * neighbouring halves in float64 (an independent definition of "nearest") */
+    uint64_t s = 99;
+    bad = 0;
+    for (int i = 0; i < 200000; i++) {
+        kvt_bits b;
+        b.u = (uint32_t)kvt_rng_u64(&s);
+        float f = b.f;
+        if (!isfinite(f) || fabsf(f) >= 65504.0f) continue;
+        uint16_t h = kvt_f32_to_f16(f);
+        double err = fabs((double)kvt_f16_to_f32(h) - f);
+        for (int d = -1; d <= 1; d += 2) {
+            uint16_t o = (uint16_t)(h + d);
+            float of = kvt_f16_to_f32(o);
+            if ((o & 0x7c00) == 0x7c00 || ((o ^ h) & 0x8000)) continue; /* inf/nan or sign flip */
+            double oe = fabs((double)of - f);
+            if (oe < err || (oe == err && (o & 1) == 0 && (h & 1))) bad++;
+        }
+    }
+    expect(bad == 0, "fp16: 200000 random floats round to the nearest half, ties to even (%d bad)", bad);
+    expect(kvt_f32_to_f16(65520.0f) == 0x7c00 && kvt_f32_to_f16(65519.0f) == 0x7bff &&
+           kvt_f32_to_f16(1e-8f) == 0 && kvt_f32_to_f16(-0.0f) == 0x8000,
+           "fp16: overflow to inf at 65520, 65519 -> 65504, underflow to 0, -0 kept");
+}
+
+static void test_int8_group(void) {
+    int G = 32;
+    float x[32];
+    int8_t q[32];
+    uint64_t s = 5;
+    int bad = 0, clamp_bad = 0;
+    for (int trial = 0; trial < 2000; trial++) {
+        kvt_fill_uniform(x, 32, 3.0f, 0.0f, &s);
+        if (trial % 3 == 0) x[trial % 32] = 400.0f * (trial % 2 ? 1 : -1); /* an outlier */
+        float scale = kvt_quantize_group(x, q, G), amax = 0;
+        for (int i = 0; i < G; i++) amax = fmaxf(amax, fabsf(x[i]));
+        for (int i = 0; i < G; i++) {
+            double err = fabs((double)x[i] - (double)scale * q[i]);
+            if (err > scale * 0.5 * (1 + 1e-5) + 1e-12) bad++; /* float slack: rounding of x/scale */
+            if (q[i] == -128) clamp_bad++; /* int8_t holds -128: the clamp must avoid it */
+        }
+        if (fabsf(scale - amax / 127.0f) > 1e-7f * amax) bad++;
+    }
+    expect(bad == 0 && clamp_bad == 0, "int8: |x - scale*q| <= scale/2 and q in [-127,127] (2000 groups, outliers) (%d bad)",
+           bad + clamp_bad);
+    for (int i = 0; i < G; i++) x[i] = 0.0f;
+    float scale = kvt_quantize_group(x, q, G);
+    int zero = scale == 0.0f;
+    for (int i = 0; i < G; i++) zero &= q[i] == 0;
+    expect(zero, "int8: an all-zero group has scale 0 and decodes to exact zeros");
+}
+
+// ---- attention on a chunked cache ----------------------------------------------------
+
+typedef struct { int NH, NKV, HS, CH, TMAX, T, n; kvt_dtype dt; int G; } acase;
+
+/* Build a cache of T positions for layer 1 of a 2-layer pool (layer 0 holds
+ * other values, to catch layer mix-ups), with chunks taken in a scrambled
+ * order, then run one attention implementation for the last n positions.
+ * impl: 0 naive, 1 fused. out (n, NH*HS). Kdq/Vdq (optional): the cached
+ * values of layer 1 read back and decoded, (T, KVD). */
+static void attn_run(const acase *c, int gpu, int impl, int split_len, float *out, float *Kdq, float *Vdq) {
+    int KVD = c->NKV * c->HS, nchunks = kvt_cdiv(c->TMAX, c->CH) + 3;
+    kvt_pool p;
+    KVT_ASSERT(pool_init(&p, gpu, 2, c->NKV, c->HS, c->CH, nchunks, c->dt, c->G) == KVT_OK);
+    int *all = (int *)kvt_malloc((size_t)nchunks * sizeof(int));
+    for (int i = 0; i < nchunks; i++) all[i] = pool_take(&p);
+    for (int i = nchunks - 1; i >= 0; i--) if (i % 2) pool_release(&p, all[i]); /* scramble: odd ids, */
+    for (int i = 0; i < nchunks; i++) if (i % 2 == 0) pool_release(&p, all[i]);  /* then even ones */
+    kvt_seq s;
+    memset(&s, 0, sizeof(s));
+    s.table = (int *)kvt_malloc((size_t)kvt_cdiv(c->TMAX, c->CH) * sizeof(int));
+    KVT_ASSERT(seq_reserve(&p, &s, c->T, "test") == KVT_OK);
+    s.len = c->T;
+    float *K = frand((size_t)c->T * KVD, 1.0f, 21), *V = frand((size_t)c->T * KVD, 1.0f, 22);
+    float *K0 = frand((size_t)c->T * KVD, 5.0f, 23);
+    float *q = frand((size_t)c->n * c->NH * c->HS, 1.5f, 24);
+    int *pos = (int *)kvt_malloc((size_t)c->T * sizeof(int)), *len = (int *)kvt_malloc((size_t)c->T * sizeof(int));
+    int *tab = (int *)calloc((size_t)c->T, sizeof(int));
+    for (int t = 0; t < c->T; t++) { pos[t] = t; len[t] = c->T; }
+    int *d_tables = (int *)dev_copy(gpu, s.table, (size_t)s.n_table * sizeof(int));
+    int *d_pos = (int *)dev_copy(gpu, pos, (size_t)c->T * sizeof(int));
+    int *d_len = (int *)dev_copy(gpu, len, (size_t)c->T * sizeof(int));
+    int *d_tab = (int *)dev_copy(gpu, tab, (size_t)c->T * sizeof(int));
+    float *dK = (float *)dev_copy(gpu, K, (size_t)c->T * KVD * 4), *dV = (float *)dev_copy(gpu, V, (size_t)c->T * KVD * 4);
+    float *dK0 = (float *)dev_copy(gpu, K0, (size_t)c->T * KVD * 4);
+    kvt_kv kv = {p.data, p.scales, (int)p.dtype, p.G, p.CH, c->NKV, c->HS, p.chunk_elems, d_tables, d_tab, d_pos, d_len};
+    if (gpu) { kv_write_gpu(kv, dK0, dK0, 0, c->T); kv_write_gpu(kv, dK, dV, 1, c->T); }
+    else { kv_write_cpu(kv, dK0, dK0, 0, c->T); kv_write_cpu(kv, dK, dV, 1, c->T); }
+    /* queries: the last n positions */
+    kv.row_pos = d_pos + (c->T - c->n);
+    float *dq = (float *)dev_copy(gpu, q, (size_t)c->n * c->NH * c->HS * 4), *dout;
+    KVT_ASSERT(buf_alloc(gpu, (void **)&dout, (size_t)c->n * c->NH * c->HS * 4, "test") == KVT_OK);
+    if (impl == 0) {
+        float *scores;
+        KVT_ASSERT(buf_alloc(gpu, (void **)&scores, (size_t)c->n * c->NH * c->TMAX * 4, "test") == KVT_OK);
+        if (gpu) attention_naive_gpu(dout, dq, kv, 1, c->n, c->NH, scores, c->TMAX);
+        else attention_naive_cpu(dout, dq, kv, 1, c->n, c->NH, scores, c->TMAX);
+        buf_free(gpu, scores);
+    } else {
+        int sl = split_len > 0 ? split_len : c->T, ns = kvt_cdiv(c->T, sl);
+        float *part;
+        KVT_ASSERT(buf_alloc(gpu, (void **)&part, (size_t)c->n * c->NH * ns * (2 + c->HS) * 4, "test") == KVT_OK);
+        if (gpu) attention_fused_gpu(dout, dq, kv, 1, c->n, c->NH, part, sl, ns);
+        else attention_fused_cpu(dout, dq, kv, 1, c->n, c->NH, part, sl, ns);
+        buf_free(gpu, part);
+    }
+    buf_download(gpu, out, dout, (size_t)c->n * c->NH * c->HS * 4);
+    if (Kdq) { /* decode the stored values on the host (kvt_cache_read's path) */
+        kvt_engine fake;
+        memset(&fake, 0, sizeof(fake));
+        fake.gpu = gpu;
+        fake.pool = p;
+        for (int t = 0; t < c->T; t++) {
+            kvt_cache_read(&fake, &s, 1, 0, t, Kdq + (size_t)t * KVD);
+            kvt_cache_read(&fake, &s, 1, 1, t, Vdq + (size_t)t * KVD);
+        }
+    }
+    buf_free(gpu, d_tables); buf_free(gpu, d_pos); buf_free(gpu, d_len); buf_free(gpu, d_tab);
+    buf_free(gpu, dK); buf_free(gpu, dV); buf_free(gpu, dK0); buf_free(gpu, dq); buf_free(gpu, dout);
+    free(s.table); free(all); free(K); free(V); free(K0); free(q); free(pos); free(len); free(tab);
+    pool_free(&p);
+}
+
+/* float64 causal attention of the last n positions over K, V (T, KVD). */
+static void attn_ref(const acase *c, const float *K, const float *V, float *out) {
+    float *q = frand((size_t)c->n * c->NH * c->HS, 1.5f, 24); /* the same queries as attn_run */
+    double *s = (double *)kvt_malloc((size_t)c->T * sizeof(double));
+    int KVD = c->NKV * c->HS;
+    for (int r = 0; r < c->n; r++) {
+        int p = c->T - c->n + r;
+        for (int h = 0; h < c->NH; h++) {
+            int kh = h / (c->NH / c->NKV);
+            double mx = -INFINITY, z = 0;
+            for (int t = 0; t <= p; t++) {
+                double d = 0;
+                for (int ch = 0; ch < c->HS; ch++) d += (double)q[((size_t)r * c->NH + h) * c->HS + ch] * K[(size_t)t * KVD + kh * c->HS + ch];
+                s[t] = d / sqrt((double)c->HS);
+                mx = fmax(mx, s[t]);
+            }
+            for (int t = 0; t <= p; t++) { s[t] = exp(s[t] - mx); z += s[t]; }
+            for (int ch = 0; ch < c->HS; ch++) {
+                double o = 0;
+                for (int t = 0; t <= p; t++) o += s[t] / z * V[(size_t)t * KVD + kh * c->HS + ch];
+                out[((size_t)r * c->NH + h) * c->HS + ch] = (float)o;
+            }
+        }
+    }
+    free(q);
+    free(s);
+}
+
+static void test_attention(int gpu) {
+    /* NH NKV HS CH TMAX T n: awkward shapes */
+    acase cases[] = {
+        {4, 2, 16, 16, 64, 1, 1, KVT_FP32, 16},   /* T = 1 */
+        {4, 2, 16, 3, 64, 29, 5, KVT_FP32, 16},   /* T not a multiple of CH, prefill rows, GQA */
+        {4, 1, 16, 1, 64, 20, 2, KVT_FP32, 16},   /* CH = 1, one kv head for all */
+        {2, 2, 32, 64, 64, 64, 3, KVT_FP32, 32},  /* CH = TMAX, T = TMAX: the last position */
+        {4, 2, 16, 16, 64, 17, 1, KVT_FP32, 16},  /* one position into a new chunk */
+        {4, 2, 64, 16, 64, 40, 2, KVT_FP32, 64},  /* HS 64 > one warp of channels */
+        {4, 2, 16, 3, 64, 29, 5, KVT_FP16, 16},
+        {4, 2, 32, 5, 64, 33, 3, KVT_INT8, 8},
+        {4, 2, 32, 16, 64, 47, 2, KVT_INT8, 32},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        acase *c = &cases[i];
+        size_t no = (size_t)c->n * c->NH * c->HS, nkv = (size_t)c->T * c->NKV * c->HS;
+        float *K = (float *)kvt_malloc(nkv * 4), *V = (float *)kvt_malloc(nkv * 4), *ref = (float *)kvt_malloc(no * 4);
+        float *naive_cpu = (float *)kvt_malloc(no * 4), *got = (float *)kvt_malloc(no * 4);
+        attn_run(c, 0, 0, 0, naive_cpu, K, V); /* K, V: what the cache holds (dequantized) */
+        attn_ref(c, K, V, ref);
+        char shape[64], what[200], cfg[96];
+        snprintf(shape, sizeof(shape), "row=%d,head=%d,ch=%d", c->n, c->NH, c->HS);
+        snprintf(cfg, sizeof(cfg), "NH=%d NKV=%d HS=%d CH=%d T=%d rows=%d %s", c->NH, c->NKV, c->HS, c->CH, c->T, c->n,
+                 kvt_dtype_name(c->dt));
+        if (!gpu) {
+            snprintf(what, sizeof(what), "attention naive cpu vs float64 (%s)", cfg);
+            tally(kvt_check(what, naive_cpu, ref, (long)no, shape, TOL_ATTN, "TOL_ATTN"));
+        }
+        int splits[] = {0, 4, 7};
+        for (int impl = 0; impl < 2; impl++)
+            for (int si = 0; si < (impl ? 3 : 1); si++) {
+                if (!gpu && impl == 0) continue;
+                attn_run(c, gpu, impl, splits[si], got, NULL, NULL);
+                snprintf(what, sizeof(what), "attention %s%s %s vs float64 (%s)", impl ? "fused" : "naive",
+                         impl ? (splits[si] ? " split" : " unsplit") : "", gpu ? "gpu" : "cpu", cfg);
+                if (impl && splits[si]) snprintf(what + strlen(what) - 1, 40, ", split_len %d)", splits[si]);
+                tally(kvt_check(what, got, ref, (long)no, shape, TOL_ATTN, "TOL_ATTN"));
+                if (!gpu && impl) {
+                    snprintf(what, sizeof(what), "attention fused vs naive cpu, split_len %d (%s)", splits[si], cfg);
+                    tally(kvt_check(what, got, naive_cpu, (long)no, shape, TOL_ATTN, "TOL_ATTN"));
+                }
+            }
+        if (c->dt != KVT_FP32 && !gpu) { /* the quantization error itself, against the fp32 inputs */
+            float *K32 = frand(nkv, 1.0f, 21);
+            double worst = 0, bound = c->dt == KVT_FP16 ? 1.0 / 2048 : 0.5 / 127 * 1.0001; /* half ulp at |x|<=1 */
+            for (size_t j = 0; j < nkv; j++) worst = fmax(worst, fabs((double)K[j] - K32[j]));
+            expect(worst <= bound, "%s cache: stored K within %.3g of the input (max %.3g) (%s)", kvt_dtype_name(c->dt),
+                   bound, worst, cfg);
+            free(K32);
+        }
+        free(K); free(V); free(ref); free(naive_cpu); free(got);
+    }
+}
+
+/* kv write on the GPU stores the same bytes as on the CPU. */
+static void test_kv_write_bytes(void) {
+    kvt_dtype dts[] = {KVT_FP32, KVT_FP16, KVT_INT8};
+    for (int i = 0; i < 3; i++) {
+        acase c = {4, 2, 32, 5, 32, 13, 1, dts[i], 8};
+        size_t nkv = (size_t)c.T * c.NKV * c.HS;
+        float *k0 = (float *)kvt_malloc(nkv * 4), *v0 = (float *)kvt_malloc(nkv * 4), *k1 = (float *)kvt_malloc(nkv * 4),
+              *v1 = (float *)kvt_malloc(nkv * 4), o[4 * 32];
+        attn_run(&c, 0, 1, 0, o, k0, v0);
+        attn_run(&c, 1, 1, 0, o, k1, v1);
+        expect(!memcmp(k0, k1, nkv * 4) && !memcmp(v0, v1, nkv * 4),
+               "kv write %s: gpu stores exactly the cpu's values (quantization included)", kvt_dtype_name(dts[i]));
+        free(k0); free(v0); free(k1); free(v1);
+    }
+}
+
+// ---- end to end ------------------------------------------------------------------------
+
+/* Greedy generation: np prompt tokens, then `steps` tokens; tokens (np+steps),
+ * logits (steps, V) of every step. */
+static kvt_status generate(kvt_model *m, const kvt_options *o, const int *prompt, int np, int steps, int *tokens,
+                           float *logits) {
+    kvt_engine *e;
+    kvt_status st = kvt_engine_create(&e, m, o);
+    if (st != KVT_OK) return st;
+    kvt_seq s;
+    kvt_seq_init(e, &s);
+    int V = m->c.vocab_size;
+    memcpy(tokens, prompt, (size_t)np * sizeof(int));
+    for (int i = 0; i < steps && st == KVT_OK; i++) {
+        st = kvt_step(e, &s, tokens, np + i, logits + (size_t)i * V);
+        tokens[np + i] = kvt_argmax(logits + (size_t)i * V, V);
+    }
+    kvt_seq_free(e, &s);
+    kvt_engine_free(e);
+    return st;
+}
+
+static kvt_config cfg(int D, int L, int NH, int NKV, int HD, int V, int TMAX) {
+    kvt_config c = {D, HD, L, NH, NKV, -V, TMAX};
+    return c;
+}
+
+/* Cache on vs off, for several chunk sizes: same greedy tokens, same logits. */
+static void test_cache_on_off(void) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(64, 2, 8, 2, 160, 97, 256), 7) == KVT_OK);
+    int V = 97, np = 7, steps = 200, prompt[7];
+    kvt_fake_tokens(prompt, np, V);
+    int *t_ref = (int *)kvt_malloc((np + steps) * sizeof(int)), *t = (int *)kvt_malloc((np + steps) * sizeof(int));
+    float *l_ref = (float *)kvt_malloc((size_t)steps * V * 4), *l = (float *)kvt_malloc((size_t)steps * V * 4);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.kv_cache = 0;
+    o.CH = 16;
+    KVT_ASSERT(generate(&m, &o, prompt, np, steps, t_ref, l_ref) == KVT_OK); /* no cache: the reference */
+    int chs[] = {1, 3, 16, 256};
+    for (int i = 0; i < 4; i++) {
+        o.kv_cache = 1;
+        o.CH = chs[i];
+        for (int attn = 0; attn < 2; attn++) {
+            o.attn = (kvt_attn)attn;
+            kvt_status st = generate(&m, &o, prompt, np, steps, t, l);
+            int same = st == KVT_OK && !memcmp(t, t_ref, (np + steps) * sizeof(int));
+            expect(same, "cache on (CH=%d, %s) vs off: same %d greedy tokens (GQA 8/2)", chs[i], attn ? "fused" : "naive", steps);
+            char what[96];
+            snprintf(what, sizeof(what), "cache on (CH=%d, %s) vs off: logits of %d steps", chs[i], attn ? "fused" : "naive", steps);
+            tally(kvt_check(what, l, l_ref, (long)steps * V, "step=200,vocab=97", TOL_E2E, "TOL_E2E"));
+        }
+    }
+    o.attn = KVT_ATTN_FUSED;
+    free(t_ref); free(t); free(l_ref); free(l);
+    kvt_model_free(&m);
+}
+
+/* A prompt in one forward call vs one token at a time: the same logits for
+ * every position (kvt_forward with all_logits), also across max_rows pieces. */
+static void test_prefill(void) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(48, 2, 6, 3, 96, 61, 128), 8) == KVT_OK);
+    int V = 61, n = 70, toks[70];
+    kvt_fake_tokens(toks, n, V);
+    float *a = (float *)kvt_malloc((size_t)n * V * 4), *b = (float *)kvt_malloc((size_t)n * V * 4);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.CH = 5;
+    o.max_rows = 32; /* 70 rows = pieces of 32, 32, 6 */
+    kvt_engine *e;
+    kvt_seq s;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    kvt_seq_init(e, &s);
+    KVT_ASSERT(kvt_forward(e, &s, toks, n, a, 1) == KVT_OK);
+    kvt_seq_reset(e, &s);
+    for (int i = 0; i < n; i++) KVT_ASSERT(kvt_forward(e, &s, toks + i, 1, b + (size_t)i * V, 0) == KVT_OK);
+    tally(kvt_check("prefill of 70 tokens in one call vs one at a time: logits", a, b, (long)n * V, "pos=70,vocab=61",
+                    TOL_E2E, "TOL_E2E"));
+    kvt_seq_free(e, &s);
+    kvt_engine_free(e);
+    free(a); free(b);
+    kvt_model_free(&m);
+}
+
+/* The GPU path (emulated or real) against the CPU path, for the option matrix. */
+static void test_gpu_matrix(void) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 2, 4, 2, 64, 53, 40), 9) == KVT_OK);
+    int V = 53, np = 5, steps = 5, prompt[5];
+    kvt_fake_tokens(prompt, np, V);
+    int tc[10], tg[10];
+    float *lc = (float *)kvt_malloc((size_t)steps * V * 4), *lg = (float *)kvt_malloc((size_t)steps * V * 4);
+    int chs[] = {1, 3, 16, 40}, total = 0, ok_all = 1;
+    for (int cache = 0; cache < 2; cache++)
+        for (int ci = 0; ci < 4; ci++)
+            for (int mode = 0; mode < 3; mode++) /* naive, fused unsplit, fused split in pieces of 4 */
+                for (int dt = 0; dt < 3; dt++) {
+                    kvt_options o;
+                    kvt_options_default(&o);
+                    o.kv_cache = cache;
+                    o.CH = chs[ci];
+                    o.attn = mode ? KVT_ATTN_FUSED : KVT_ATTN_NAIVE;
+                    o.split_len = mode == 2 ? 4 : -1;
+                    o.kv_dtype = (kvt_dtype)dt;
+                    o.kv_group = 8;
+                    o.device = KVT_CPU;
+                    KVT_ASSERT(generate(&m, &o, prompt, np, steps, tc, lc) == KVT_OK);
+                    o.device = KVT_GPU;
+                    KVT_ASSERT(generate(&m, &o, prompt, np, steps, tg, lg) == KVT_OK);
+                    char what[160];
+                    snprintf(what, sizeof(what), "gpu vs cpu: cache %s, CH=%d, %s, %s cache", cache ? "on" : "off", chs[ci],
+                             mode == 0 ? "naive" : mode == 1 ? "fused" : "fused split 4", kvt_dtype_name((kvt_dtype)dt));
+                    int ok = kvt_check(what, lg, lc, (long)steps * V, "step=5,vocab=53", KVT_TOL_GPU, "KVT_TOL_GPU");
+                    int same = !memcmp(tc, tg, sizeof(int) * (size_t)(np + steps));
+                    if (!same) printf("FAIL %s: the greedy tokens differ\n", what);
+                    tally(ok && same);
+                    ok_all &= ok && same;
+                    total++;
+                }
+    printf("     (gpu vs cpu option matrix: %d combinations, %s)\n", total, ok_all ? "all passed" : "SOME FAILED");
+    /* the last position of the context: fill TMAX exactly on the GPU */
+    kvt_options o;
+    kvt_options_default(&o);
+    o.CH = 3;
+    int tt[40], tt2[40];
+    float *a = (float *)kvt_malloc((size_t)35 * V * 4), *b = (float *)kvt_malloc((size_t)35 * V * 4);
+    o.device = KVT_CPU;
+    KVT_ASSERT(generate(&m, &o, prompt, np, 35, tt, a) == KVT_OK);
+    o.device = KVT_GPU;
+    KVT_ASSERT(generate(&m, &o, prompt, np, 35, tt2, b) == KVT_OK);
+    tally(kvt_check("gpu vs cpu up to the last position of the context (TMAX=40, CH=3)", b, a, 35L * V,
+                    "step=35,vocab=53", KVT_TOL_GPU, "KVT_TOL_GPU"));
+    free(a); free(b); free(lc); free(lg);
+    kvt_model_free(&m);
+}
+
+/* Fork + copy-on-write: the parent's cached bytes never change; results equal
+ * an independent run; after freeing, the pool is whole again. */
+static void test_fork_cow(int gpu) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 2, 4, 2, 64, 53, 64), 10) == KVT_OK);
+    int V = 53, toks[20];
+    kvt_fake_tokens(toks, 20, V);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = gpu ? KVT_GPU : KVT_CPU;
+    o.CH = 4;
+    o.max_seqs = 3;
+    kvt_engine *e;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    kvt_seq a, b, c;
+    kvt_seq_init(e, &a);
+    float *la = (float *)kvt_malloc((size_t)V * 4), *lb = (float *)kvt_malloc((size_t)V * 4);
+    KVT_ASSERT(kvt_forward(e, &a, toks, 10, la, 0) == KVT_OK); /* 10 positions: chunks 4+4+2 */
+    float before[2][10][64], after[64];
+    for (int t = 0; t < 10; t++) for (int w = 0; w < 2; w++) kvt_cache_read(e, &a, 1, w, t, before[w][t]);
+    KVT_ASSERT(kvt_seq_fork(e, &b, &a) == KVT_OK);
+    const kvt_seq *live[3] = {&a, &b, &c};
+    expect(kvt_pool_check(e, live, 2) == KVT_OK && e->pool.refcount[a.table[0]] == 2,
+           "fork (%s): chunks shared, refcounts consistent", gpu ? "gpu" : "cpu");
+    KVT_ASSERT(kvt_forward(e, &b, toks + 10, 5, lb, 0) == KVT_OK); /* writes into the shared partial chunk */
+    int same = 1;
+    for (int t = 0; t < 10; t++) for (int w = 0; w < 2; w++) {
+        kvt_cache_read(e, &a, 1, w, t, after);
+        same &= !memcmp(after, before[w][t], (size_t)m.kv_dim * 4);
+    }
+    expect(same && e->pool.cow_copies == 1 && b.table[2] != a.table[2] && b.table[0] == a.table[0],
+           "copy-on-write (%s): parent's cached bytes unchanged, 1 copy, full chunks still shared", gpu ? "gpu" : "cpu");
+    KVT_ASSERT(kvt_seq_init(e, &c) == KVT_OK);
+    float *lc = (float *)kvt_malloc((size_t)V * 4);
+    KVT_ASSERT(kvt_forward(e, &c, toks, 15, lc, 0) == KVT_OK);
+    tally(kvt_check(gpu ? "forked sequence vs independent run (gpu)" : "forked sequence vs independent run (cpu)", lb, lc,
+                    V, "vocab=53", TOL_E2E, "TOL_E2E"));
+    expect(kvt_pool_check(e, live, 3) == KVT_OK, "pool consistent with 3 live sequences (%s)", gpu ? "gpu" : "cpu");
+    kvt_seq_free(e, &a);
+    kvt_seq_free(e, &b);
+    kvt_seq_free(e, &c);
+    expect(e->pool.n_free == e->pool.n_chunks && kvt_pool_check(e, live, 0) == KVT_OK,
+           "all sequences freed: pool back to full capacity %d (%s)", e->pool.n_chunks, gpu ? "gpu" : "cpu");
+    kvt_engine_free(e);
+    free(la); free(lb); free(lc);
+    kvt_model_free(&m);
+}
+
+// ---- bad input ---------------------------------------------------------------------------
+
+static int write_checkpoint(const char *path, const kvt_model *m, long cut, int extra) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    kvt_config c = m->c;
+    if (!m->shared_classifier) c.vocab_size = -c.vocab_size;
+    fwrite(&c, sizeof(c), 1, f);
+    fwrite(m->data, sizeof(float), m->n_floats - (size_t)cut, f);
+    for (int i = 0; i < extra; i++) fputc(0, f);
+    fclose(f);
+    return 1;
+}
+static void patch_header(const char *path, int field, int value) {
+    FILE *f = fopen(path, "r+b");
+    KVT_ASSERT(f);
+    fseek(f, 4L * field, SEEK_SET);
+    fwrite(&value, 4, 1, f);
+    fclose(f);
+}
+
+static void test_bad_input(void) {
+    kvt_model m, m2;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 2, 4, 2, 64, 53, 32), 11) == KVT_OK);
+    const char *p = "/tmp/kvt_test_model.bin";
+    KVT_ASSERT(write_checkpoint(p, &m, 0, 0));
+    kvt_status st = kvt_model_load(&m2, p);
+    int ok = st == KVT_OK && m2.n_floats == m.n_floats && !memcmp(m2.data, m.data, m.n_floats * 4);
+    expect(ok, "checkpoint: write + load round trip (unshared classifier)");
+    if (st == KVT_OK) kvt_model_free(&m2);
+    st = kvt_model_load(&m2, "/nonexistent/model.bin");
+    expect(st == KVT_EIO && contains(kvt_last_error(), "/nonexistent/model.bin"), "missing checkpoint: %s", kvt_last_error());
+    write_checkpoint(p, &m, 100, 0);
+    st = kvt_model_load(&m2, p);
+    expect(st == KVT_EFORMAT && contains(kvt_last_error(), "truncated"), "truncated checkpoint: %s", kvt_last_error());
+    write_checkpoint(p, &m, 0, 12);
+    st = kvt_model_load(&m2, p);
+    expect(st == KVT_EFORMAT && contains(kvt_last_error(), "extra bytes"), "oversized checkpoint: %s", kvt_last_error());
+    write_checkpoint(p, &m, 0, 0);
+    patch_header(p, 1, 65); /* hidden_dim 64 -> 65: sizes disagree with the file */
+    st = kvt_model_load(&m2, p);
+    expect(st == KVT_EFORMAT && contains(kvt_last_error(), "needs"), "header disagrees with file size: %s", kvt_last_error());
+    patch_header(p, 1, 64);
+    patch_header(p, 4, 3); /* n_kv_heads 3 does not divide n_heads 4 */
+    st = kvt_model_load(&m2, p);
+    expect(st == KVT_EFORMAT && contains(kvt_last_error(), "n_kv_heads"), "inconsistent header: %s", kvt_last_error());
+    patch_header(p, 4, 2);
+    patch_header(p, 0, -32);
+    st = kvt_model_load(&m2, p);
+    expect(st == KVT_EFORMAT && contains(kvt_last_error(), "dim"), "negative dimension: %s", kvt_last_error());
+    FILE *f = fopen(p, "wb");
+    fwrite("hi", 1, 2, f);
+    fclose(f);
+    st = kvt_model_load(&m2, p);
+    expect(st == KVT_EFORMAT, "2-byte checkpoint: %s", kvt_last_error());
+
+    /* tokenizers: garbage, and one for another vocabulary size */
+    const char *tp = "/tmp/kvt_test_tok.bin";
+    f = fopen(tp, "wb");
+    uint64_t s = 3;
+    for (int i = 0; i < 500; i++) fputc((int)(kvt_rng_u64(&s) & 255), f);
+    fclose(f);
+    kvt_tokenizer tk;
+    st = kvt_tokenizer_load(&tk, tp, 53);
+    expect(st == KVT_EFORMAT, "garbage tokenizer: %s", kvt_last_error());
+    st = kvt_tokenizer_load(&tk, "/nonexistent/tok.bin", 53);
+    expect(st == KVT_EIO, "missing tokenizer: %s", kvt_last_error());
+
+    /* context and pool limits */
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.CH = 4;
+    o.n_chunks = 2;
+    kvt_engine *e;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    kvt_seq sq;
+    kvt_seq_init(e, &sq);
+    int toks[40];
+    kvt_fake_tokens(toks, 40, 53);
+    float *lg = (float *)kvt_malloc(53 * 4);
+    st = kvt_forward(e, &sq, toks, 8, lg, 0);
+    KVT_ASSERT(st == KVT_OK);
+    st = kvt_forward(e, &sq, toks + 8, 1, lg, 0);
+    expect(st == KVT_EPOOL && contains(kvt_last_error(), "--chunks") && sq.len == 8 && e->pool.n_free == 0,
+           "exhausted pool: error, sequence intact: %s", kvt_last_error());
+    kvt_seq_free(e, &sq);
+    kvt_engine_free(e);
+    o.n_chunks = 0;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    kvt_seq_init(e, &sq);
+    st = kvt_forward(e, &sq, toks, 33, lg, 0);
+    expect(st == KVT_ECONTEXT && sq.len == 0, "33 positions into a context of 32: %s", kvt_last_error());
+    toks[0] = 53;
+    st = kvt_forward(e, &sq, toks, 1, lg, 0);
+    expect(st == KVT_EARG, "token id out of range: %s", kvt_last_error());
+    kvt_seq_free(e, &sq);
+    kvt_engine_free(e);
+    o.kv_dtype = KVT_INT8;
+    o.kv_group = 5;
+    st = kvt_engine_create(&e, &m, &o);
+    expect(st == KVT_EARG && contains(kvt_last_error(), "--kv-group"), "int8 group not dividing HS: %s", kvt_last_error());
+    o.kv_dtype = KVT_FP32;
+    o.CH = 0;
+    st = kvt_engine_create(&e, &m, &o);
+    expect(st == KVT_EARG && contains(kvt_last_error(), "--chunk"), "chunk size 0: %s", kvt_last_error());
+    free(lg);
+    kvt_model_free(&m);
+}
+
+/* The command line: bad flags give one clear line and a non-zero exit. */
+static void cli_expect(const char *args, int want_ok, const char *want_text) {
+    char cmd[512], out[4096] = "";
+    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", kvt_bin, args);
+    FILE *p = popen(cmd, "r");
+    if (!p) { expect(0, "cli: cannot run %s", cmd); return; }
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    int rc = pclose(p);
+    int ok = (rc == 0) == want_ok && contains(out, want_text);
+    char first[200];
+    snprintf(first, sizeof(first), "%s", out);
+    char *nl = strchr(first, '\n');
+    if (nl) *nl = '\0';
+    expect(ok, "cli '%s': exit %s, says '%s'", args, rc == 0 ? "0" : "non-zero", first);
+}
+static void test_cli(void) {
+    FILE *f = fopen(kvt_bin, "rb");
+    if (!f) { skip("command-line checks (no kvt binary given)"); return; }
+    fclose(f);
+    cli_expect("--bogus", 0, "unknown flag '--bogus'");
+    cli_expect("--random 32,1,4,2,64,50,32 -n 100", 0, "-n 100");
+    cli_expect("--random 32,1,4,2,64,50,32 --chunk 0", 0, "--chunk '0'");
+    cli_expect("--random 32,1,4,2,64,50,32 --kv-dtype int8 --kv-group 3", 0, "--kv-group 3 must divide");
+    cli_expect("--random 32,1,4,2,64,50,32 --temperature -1", 0, "--temperature");
+    cli_expect("--random 32,1,4,2,64,50,32 --kv-cache maybe", 0, "expected one of off|on");
+    cli_expect("--random 32,1,4,3,64,50,32", 0, "n_kv_heads");
+    cli_expect("--model /nonexistent.bin", 0, "cannot open checkpoint");
+    cli_expect("--random 32,1,4,2,64,50,32 --chunk 4 --chunks 2 -n 20", 0, "KV cache pool exhausted");
+    cli_expect("--random 32,1,4,2,64,50,32 -n 5 -t 0 --stats", 1, "[stats] chunks in use");
+}
+
+// ---- the default model (weights/) -----------------------------------------------------------
+
+static void test_default_model(void) {
+    kvt_model m;
+    if (kvt_model_load(&m, "weights/model.bin") != KVT_OK) { skip("default model: weights/model.bin missing"); return; }
+    kvt_tokenizer tk;
+    int V = m.c.vocab_size;
+    expect(kvt_tokenizer_load(&tk, "weights/tokenizer.bin", V) == KVT_OK, "default tokenizer loads (V = %d)", V);
+    int toks[64], n = 0;
+    const char *text = "ROMEO:\nWhat light";
+    kvt_status st = kvt_encode(&tk, text, 1, toks, 64, &n);
+    char back[128] = "";
+    for (int i = 1; i < n && st == KVT_OK; i++) strcat(back, kvt_decode(&tk, toks[i - 1], toks[i]));
+    expect(st == KVT_OK && toks[0] == KVT_BOS && n == (int)strlen(text) + 1 && !strcmp(back, text),
+           "character tokenizer: encode/decode round trip, one token per character");
+    st = kvt_encode(&tk, "ROMEO:", 1, toks, 3, &n);
+    expect(st == KVT_ECONTEXT, "prompt longer than the room given: %s", kvt_last_error());
+    /* PyTorch's logits for a fixed prompt (weights/testvec.txt, written by train.py) */
+    FILE *f = fopen("weights/testvec.txt", "r");
+    if (!f) { skip("default model vs PyTorch: weights/testvec.txt missing"); }
+    else {
+        int nt = 0;
+        KVT_ASSERT(fscanf(f, "%d", &nt) == 1 && nt > 0 && nt <= 64);
+        for (int i = 0; i < nt; i++) KVT_ASSERT(fscanf(f, "%d", &toks[i]) == 1);
+        float *want = (float *)kvt_malloc((size_t)nt * V * 4), *got = (float *)kvt_malloc((size_t)nt * V * 4);
+        for (int i = 0; i < nt * V; i++) KVT_ASSERT(fscanf(f, "%f", &want[i]) == 1);
+        fclose(f);
+        for (int dev = 0; dev < 2; dev++) {
+            kvt_options o;
+            kvt_options_default(&o);
+            o.device = dev ? KVT_GPU : KVT_CPU;
+            kvt_engine *e;
+            kvt_seq s;
+            KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+            kvt_seq_init(e, &s);
+            KVT_ASSERT(kvt_forward(e, &s, toks, nt, got, 1) == KVT_OK);
+            /* PyTorch's own kernels sum in yet other orders; 1e-4 as for GPU vs CPU */
+            tally(kvt_check(dev ? "default model logits (gpu path) vs PyTorch" : "default model logits (cpu) vs PyTorch",
+                            got, want, (long)nt * V, "pos=64,vocab=1000", KVT_TOL_GPU, "KVT_TOL_GPU"));
+            kvt_seq_free(e, &s);
+            kvt_engine_free(e);
+        }
+        free(want);
+        free(got);
+    }
+    kvt_tokenizer_free(&tk);
+    kvt_model_free(&m);
+}
+
+/* A synthetic sentencepiece-style vocabulary: byte fallback and BPE merges. */
+static void test_bpe(void) {
+    const char *p = "/tmp/kvt_test_bpe.bin";
+    FILE *f = fopen(p, "wb");
+    int maxlen = 6, V = 3 + 256 + 5;
+    fwrite(&maxlen, 4, 1, f);
+    char piece[16];
+    for (int i = 0; i < V; i++) {
+        float score = 0;
+        if (i == 0) strcpy(piece, "<unk>");
+        else if (i == 1) strcpy(piece, "<s>");
+        else if (i == 2) strcpy(piece, "</s>");
+        else if (i < 259) snprintf(piece, sizeof(piece), "<0x%02X>", i - 3);
+        else {
+            const char *extra[5] = {"a", "b", "c", "ab", "abc"};
+            float sc[5] = {0, 0, 0, 1, 2};
+            strcpy(piece, extra[i - 259]);
+            score = sc[i - 259];
+        }
+        int len = (int)strlen(piece);
+        fwrite(&score, 4, 1, f);
+        fwrite(&len, 4, 1, f);
+        fwrite(piece, 1, (size_t)len, f);
+    }
+    fclose(f);
+    kvt_tokenizer tk;
+    KVT_ASSERT(kvt_tokenizer_load(&tk, p, V) == KVT_OK);
+    int toks[16], n;
+    kvt_status st = kvt_encode(&tk, "abcz", 1, toks, 16, &n);
+    /* by hand: a b c z -> merge a+b (score 1) -> ab c z -> merge ab+c (score 2) -> abc z;
+     * z is not a piece: byte fallback 'z' = 0x7a -> id 0x7a + 3 = 125; no " " piece, so no prefix */
+    expect(st == KVT_OK && n == 3 && toks[0] == 1 && toks[1] == 263 && toks[2] == 125,
+           "BPE: 'abcz' -> [BOS, abc, <0x7A>] (got n=%d: %d %d %d)", n, toks[0], n > 1 ? toks[1] : -1, n > 2 ? toks[2] : -1);
+    expect(!strcmp(kvt_decode(&tk, 263, 125), "z"), "decode: a byte token <0x7A> prints as 'z'");
+    kvt_tokenizer_free(&tk);
+    st = kvt_tokenizer_load(&tk, p, V + 1);
+    expect(st == KVT_EFORMAT && contains(kvt_last_error(), "ends at token"), "tokenizer for another vocabulary: %s",
+           kvt_last_error());
+}
+
+static void test_sampler(void) {
+    float lg[6] = {1, 5, 2, 4.9f, 0, -1}, tmp[6];
+    kvt_sampler s;
+    kvt_sampler_init(&s, 6, 0.0f, 0.9f, 1);
+    memcpy(tmp, lg, sizeof(lg));
+    expect(kvt_sample(&s, tmp, 6) == 1, "sampler: temperature 0 is argmax");
+    kvt_sampler_free(&s);
+    int a[50], b[50], counts[6] = {0};
+    for (int rep = 0; rep < 2; rep++) {
+        kvt_sampler_init(&s, 6, 1.0f, 1.0f, 1234);
+        for (int i = 0; i < 50; i++) { memcpy(tmp, lg, sizeof(lg)); (rep ? b : a)[i] = kvt_sample(&s, tmp, 6); }
+        kvt_sampler_free(&s);
+    }
+    expect(!memcmp(a, b, sizeof(a)), "sampler: the same seed gives the same draws");
+    kvt_sampler_init(&s, 6, 1.0f, 0.7f, 7); /* p(1) = 0.504, p(3) = 0.456: top-p 0.7 keeps exactly those two */
+    for (int i = 0; i < 2000; i++) { memcpy(tmp, lg, sizeof(lg)); counts[kvt_sample(&s, tmp, 6)]++; }
+    kvt_sampler_free(&s);
+    expect(counts[0] + counts[2] + counts[4] + counts[5] == 0 && counts[1] > 800 && counts[3] > 800,
+           "sampler: top-p 0.7 draws only the two most likely tokens (%d, %d)", counts[1], counts[3]);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) kvt_bin = argv[1];
+    setvbuf(stdout, NULL, _IONBF, 0);
+    int gpu = kvt_gpu_available();
+    printf("kvtransformer tests; GPU kernels run on: %s\n", gpu ? kvt_gpu_name() : "nothing (no CUDA device)");
+    test_rmsnorm(0);
+    test_matmul(0);
+    test_rope(0);
+    test_swiglu_residual_embed(0);
+    test_fp16();
+    test_int8_group();
+    test_attention(0);
+    test_cache_on_off();
+    test_prefill();
+    test_fork_cow(0);
+    test_bad_input();
+    test_bpe();
+    test_sampler();
+    test_default_model();
+    test_cli();
+    if (gpu) {
+        test_rmsnorm(1);
+        test_matmul(1);
+        test_rope(1);
+        test_swiglu_residual_embed(1);
+        test_block_reduce();
+        test_attention(1);
+        test_kv_write_bytes();
+        test_gpu_matrix();
+        test_fork_cow(1);
+    } else {
+        skip("GPU kernel checks: an nvcc build without a CUDA device (the C build emulates them)");
+    }
+    printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    return n_fail ? 1 : 0;
+}
