@@ -608,6 +608,8 @@ static kvt_status pool_init(kvt_pool *p, int gpu, int L, int NKV, int HS, int CH
     if (st != KVT_OK) { buf_free(gpu, p->data); p->data = NULL; return st; }
     p->refcount = (int *)kvt_malloc((size_t)n_chunks * sizeof(int));
     p->free_list = (int *)kvt_malloc((size_t)n_chunks * sizeof(int));
+    p->prefix_hash = (uint64_t *)calloc((size_t)n_chunks, sizeof(uint64_t));
+    KVT_ASSERT(p->prefix_hash);
     for (int i = 0; i < n_chunks; i++) {
         p->refcount[i] = 0;
         p->free_list[i] = n_chunks - 1 - i; /* pop order 0, 1, 2, ...: easy to follow in gdb */
@@ -620,6 +622,7 @@ static void pool_free(kvt_pool *p) {
     buf_free(p->on_device, p->scales);
     free(p->refcount);
     free(p->free_list);
+    free(p->prefix_hash);
     memset(p, 0, sizeof(*p));
 }
 static int pool_take(kvt_pool *p) { /* caller checked n_free > 0 */
@@ -633,7 +636,10 @@ static int pool_take(kvt_pool *p) { /* caller checked n_free > 0 */
 }
 static void pool_release(kvt_pool *p, int id) {
     KVT_ASSERT(id >= 0 && id < p->n_chunks && p->refcount[id] > 0);
-    if (--p->refcount[id] == 0) p->free_list[p->n_free++] = id;
+    if (--p->refcount[id] == 0) {
+        p->free_list[p->n_free++] = id;
+        p->prefix_hash[id] = 0; /* its contents are about to be overwritten */
+    }
 }
 /* Copy chunk src into chunk dst (data and scales), on whichever device holds them. */
 static void pool_copy_chunk(kvt_pool *p, int dst, int src) {
@@ -667,6 +673,43 @@ static kvt_status seq_reserve(kvt_pool *p, kvt_seq *s, int new_len, const char *
     }
     while (s->n_table < want) s->table[s->n_table++] = pool_take(p);
     return KVT_OK;
+}
+
+/* Prefix reuse (as in vLLM's automatic prefix caching): the K/V of a full chunk
+ * depend only on the tokens up to its end, so a chunk can be named by a hash of
+ * those tokens. A new sequence whose prompt starts with the same full chunks as
+ * a live sequence points its table at those chunks instead of recomputing them.
+ * FNV-1a over the token ids; a lookup scans the pool (small and plain). */
+static uint64_t prefix_hash_of(const int *tokens, int n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int i = 0; i < n; i++) { h ^= (uint32_t)tokens[i]; h *= 1099511628211ULL; }
+    return h ? h : 1; /* 0 means "no hash" */
+}
+/* Attach the live chunks that hold a prefix of tokens[0..n) to the empty s;
+ * the last token is always left to compute (its logits are wanted). Returns
+ * the number of positions attached. */
+static int prefix_attach(kvt_pool *p, kvt_seq *s, const int *tokens, int n) {
+    int k = 0;
+    while ((k + 1) * p->CH <= n - 1) {
+        uint64_t h = prefix_hash_of(tokens, (k + 1) * p->CH);
+        int hit = -1;
+        for (int c = 0; c < p->n_chunks && hit < 0; c++)
+            if (p->refcount[c] > 0 && p->prefix_hash[c] == h) hit = c;
+        if (hit < 0) break;
+        s->table[k++] = hit;
+        p->refcount[hit]++;
+    }
+    p->prefix_hits += k;
+    p->prefix_misses += kvt_cdiv(n, p->CH) - k;
+    s->n_table = k;
+    s->len = k * p->CH;
+    memcpy(s->tokens, tokens, (size_t)s->len * sizeof(int));
+    return s->len;
+}
+/* Name the chunks of s that became full since it had old_len positions. */
+static void prefix_register(kvt_pool *p, const kvt_seq *s, int old_len) {
+    for (int i = old_len / p->CH; (i + 1) * p->CH <= s->len; i++)
+        if (p->prefix_hash[s->table[i]] == 0) p->prefix_hash[s->table[i]] = prefix_hash_of(s->tokens, (i + 1) * p->CH);
 }
 
 // §7 embedding ------------------------------------------------------------------
@@ -1208,6 +1251,8 @@ struct kvt_engine {
     int *row_pos, *row_len, *row_tab; /* (rows) see kvt_kv */
     int *tables;   /* (max_seqs * ceil(TMAX/CH)) chunk tables of this call */
     int *h_rows;   /* (3 * rows) host staging: row_pos | row_len | row_tab */
+    int *h_tables; /* (max_seqs * ceil(TMAX/CH)) host staging of tables */
+    float *h_logits; /* (rows, V) host staging of a batch's logits */
     /* counters for --stats */
     double t_prefill, t_decode;
     long n_prefill, n_decode;
@@ -1230,6 +1275,7 @@ void kvt_options_default(kvt_options *o) {
     o->kv_group = 32;
     o->split_len = 0;
     o->max_rows = 64;
+    o->prefix_reuse = 1;
 }
 
 static void engine_free_buffers(kvt_engine *e) {
@@ -1245,6 +1291,8 @@ void kvt_engine_free(kvt_engine *e) {
     engine_free_buffers(e);
     pool_free(&e->pool);
     free(e->h_rows);
+    free(e->h_tables);
+    free(e->h_logits);
     free(e);
 }
 
@@ -1301,6 +1349,8 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
     for (size_t i = 0; i < sizeof(b) / sizeof(b[0]) && st == KVT_OK; i++)
         st = buf_alloc(e->gpu, b[i].p, b[i].bytes, "activation buffers");
     e->h_rows = (int *)kvt_malloc(3 * R * sizeof(int));
+    e->h_tables = (int *)kvt_malloc((size_t)o->max_seqs * (size_t)ntab * sizeof(int));
+    e->h_logits = (float *)kvt_malloc(R * (size_t)c->vocab_size * sizeof(float));
     if (st != KVT_OK) { kvt_engine_free(e); return st; }
     *out = e;
     return KVT_OK;
@@ -1312,7 +1362,12 @@ kvt_status kvt_seq_init(kvt_engine *e, kvt_seq *s) {
     memset(s, 0, sizeof(*s));
     s->max_table = kvt_cdiv(e->m->c.seq_len, e->pool.CH);
     s->table = (int *)malloc((size_t)s->max_table * sizeof(int));
-    if (!s->table) return kvt_fail(KVT_ENOMEM, "host out of memory (chunk table)");
+    s->tokens = (int *)malloc((size_t)e->m->c.seq_len * sizeof(int));
+    if (!s->table || !s->tokens) {
+        free(s->table);
+        free(s->tokens);
+        return kvt_fail(KVT_ENOMEM, "host out of memory (chunk table)");
+    }
     return KVT_OK;
 }
 void kvt_seq_reset(kvt_engine *e, kvt_seq *s) {
@@ -1323,6 +1378,7 @@ void kvt_seq_reset(kvt_engine *e, kvt_seq *s) {
 void kvt_seq_free(kvt_engine *e, kvt_seq *s) {
     if (s->table) kvt_seq_reset(e, s);
     free(s->table);
+    free(s->tokens);
     memset(s, 0, sizeof(*s));
 }
 
@@ -1338,6 +1394,7 @@ kvt_status kvt_seq_fork(kvt_engine *e, kvt_seq *dst, const kvt_seq *src) {
     }
     dst->n_table = src->n_table;
     dst->len = src->len;
+    memcpy(dst->tokens, src->tokens, (size_t)src->len * sizeof(int));
     e->pool.shared_hits += src->n_table;
     return KVT_OK;
 }
@@ -1413,15 +1470,20 @@ static void forward_rows(kvt_engine *e, int n, int all_logits) {
     else op->matmul(e->logits, e->xb + (size_t)(n - 1) * D, w->wcls, 1, D, V);
 }
 
-/* Stage the rows of one call: n rows of one sequence at positions pos0.. */
-static void stage_rows(kvt_engine *e, const kvt_seq *s, const int *tokens, int n, int pos0) {
-    int *pos = e->h_rows, *len = e->h_rows + e->rows, *tab = e->h_rows + 2 * e->rows;
-    for (int r = 0; r < n; r++) { pos[r] = pos0 + r; len[r] = pos0 + n; tab[r] = 0; }
+/* Staging, on the host: rows [r0, r0+n) are n new tokens of sequence s at
+ * positions pos0.., and its chunk table goes to h_tables[tab..]. */
+static void stage_seq(kvt_engine *e, int r0, const kvt_seq *s, int n, int pos0, int tab) {
+    int *pos = e->h_rows, *len = e->h_rows + e->rows, *rtab = e->h_rows + 2 * e->rows;
+    for (int r = r0; r < r0 + n; r++) { pos[r] = pos0 + r - r0; len[r] = pos0 + n; rtab[r] = tab; }
+    memcpy(e->h_tables + tab, s->table, (size_t)s->n_table * sizeof(int));
+}
+/* ... then to the device: n rows of tokens and row arrays, ntab table entries. */
+static void stage_upload(kvt_engine *e, const int *tokens, int n, int ntab) {
     buf_upload(e->gpu, e->tokens, tokens, (size_t)n * sizeof(int));
-    buf_upload(e->gpu, e->row_pos, pos, (size_t)n * sizeof(int));
-    buf_upload(e->gpu, e->row_len, len, (size_t)n * sizeof(int));
-    buf_upload(e->gpu, e->row_tab, tab, (size_t)n * sizeof(int));
-    buf_upload(e->gpu, e->tables, s->table, (size_t)s->n_table * sizeof(int));
+    buf_upload(e->gpu, e->row_pos, e->h_rows, (size_t)n * sizeof(int));
+    buf_upload(e->gpu, e->row_len, e->h_rows + e->rows, (size_t)n * sizeof(int));
+    buf_upload(e->gpu, e->row_tab, e->h_rows + 2 * e->rows, (size_t)n * sizeof(int));
+    buf_upload(e->gpu, e->tables, e->h_tables, (size_t)ntab * sizeof(int));
 }
 
 static kvt_status check_tokens(const kvt_engine *e, const int *tokens, int n) {
@@ -1433,28 +1495,92 @@ static kvt_status check_tokens(const kvt_engine *e, const int *tokens, int n) {
 }
 
 kvt_status kvt_forward(kvt_engine *e, kvt_seq *s, const int *tokens, int n, float *logits, int all_logits) {
-    int TMAX = e->m->c.seq_len, V = e->m->c.vocab_size;
+    int TMAX = e->m->c.seq_len, V = e->m->c.vocab_size, share = e->o.prefix_reuse && e->o.kv_cache;
+    kvt_pool *p = &e->pool;
     if (n < 1) return kvt_fail(KVT_EARG, "forward needs at least one token (got %d)", n);
     if ((long)s->len + n > TMAX)
         return kvt_fail(KVT_ECONTEXT, "%d cached + %d new positions exceed the model's context TMAX = %d",
                         s->len, n, TMAX);
     kvt_status st = check_tokens(e, tokens, n);
-    if (st == KVT_OK) st = seq_reserve(&e->pool, s, s->len + n, "the sequence");
     if (st != KVT_OK) return st;
+    int skip = s->len == 0 && share && !all_logits ? prefix_attach(p, s, tokens, n) : 0;
+    st = seq_reserve(p, s, s->len + n - skip, "the sequence");
+    if (st != KVT_OK) {
+        if (skip) kvt_seq_reset(e, s); /* give back what prefix_attach took */
+        return st;
+    }
+    tokens += skip;
+    n -= skip;
     double t0 = kvt_now();
     for (int done = 0; done < n; done += e->rows) { /* a long prefill goes in pieces of `rows` */
         int piece = n - done < e->rows ? n - done : e->rows, last = done + piece == n;
-        stage_rows(e, s, tokens + done, piece, s->len + done);
+        stage_seq(e, 0, s, piece, s->len + done, 0);
+        stage_upload(e, tokens + done, piece, s->n_table);
         forward_rows(e, piece, all_logits);
         if (all_logits)
             buf_download(e->gpu, logits + (size_t)done * V, e->logits, (size_t)piece * V * sizeof(float));
         else if (last)
             buf_download(e->gpu, logits, e->logits, (size_t)V * sizeof(float));
     }
+    memcpy(s->tokens + s->len, tokens, (size_t)n * sizeof(int));
     s->len += n;
+    if (share) prefix_register(p, s, s->len - n);
     double dt = kvt_now() - t0; /* downloads above synchronize the GPU */
     if (n == 1) { e->t_decode += dt; e->n_decode++; }
     else { e->t_prefill += dt; e->n_prefill += n; }
+    return KVT_OK;
+}
+
+kvt_status kvt_forward_batch(kvt_engine *e, kvt_seq *const *seqs, int n_seqs, const int *tokens, const int *ntok,
+                             float *logits) {
+    kvt_pool *p = &e->pool;
+    int TMAX = e->m->c.seq_len, V = e->m->c.vocab_size, rows = 0, need = 0, tab = 0;
+    if (n_seqs < 1 || n_seqs > e->o.max_seqs)
+        return kvt_fail(KVT_EARG, "a batch of %d sequences: this engine takes 1..%d (max_seqs)", n_seqs, e->o.max_seqs);
+    for (int i = 0; i < n_seqs; i++) {
+        const kvt_seq *s = seqs[i];
+        if (ntok[i] < 1) return kvt_fail(KVT_EARG, "sequence %d of the batch: %d new tokens", i, ntok[i]);
+        if ((long)s->len + ntok[i] > TMAX)
+            return kvt_fail(KVT_ECONTEXT, "sequence %d of the batch: %d cached + %d new positions exceed TMAX = %d",
+                            i, s->len, ntok[i], TMAX);
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == s) return kvt_fail(KVT_EARG, "sequence %d of the batch is also sequence %d", i, j);
+        rows += ntok[i];
+    }
+    if (rows > e->rows) return kvt_fail(KVT_EARG, "a batch of %d rows: at most max_rows = %d", rows, e->rows);
+    kvt_status st = check_tokens(e, tokens, rows);
+    if (st != KVT_OK) return st;
+    for (int i = 0; i < n_seqs; i++) { /* all chunks the batch needs, before any is taken */
+        const kvt_seq *s = seqs[i];
+        int cow = s->len % p->CH != 0 && p->refcount[s->table[s->len / p->CH]] > 1;
+        need += kvt_cdiv(s->len + ntok[i], p->CH) - s->n_table + cow;
+        if (need > p->n_free)
+            return kvt_fail(KVT_EPOOL, "KV cache pool exhausted: sequence %d of the batch cannot grow to %d positions "
+                            "(the batch needs %d more chunk(s) so far, %d of %d are free); raise --chunks",
+                            i, s->len + ntok[i], need, p->n_free, p->n_chunks);
+    }
+    for (int i = 0, r = 0; i < n_seqs; i++) {
+        kvt_seq *s = seqs[i];
+        st = seq_reserve(p, s, s->len + ntok[i], "a sequence of the batch");
+        KVT_ASSERT(st == KVT_OK); /* counted above */
+        stage_seq(e, r, s, ntok[i], s->len, tab);
+        r += ntok[i];
+        tab += s->n_table;
+    }
+    double t0 = kvt_now();
+    stage_upload(e, tokens, rows, tab);
+    forward_rows(e, rows, 1);
+    buf_download(e->gpu, e->h_logits, e->logits, (size_t)rows * V * sizeof(float));
+    for (int i = 0, r = 0; i < n_seqs; i++) {
+        kvt_seq *s = seqs[i];
+        memcpy(s->tokens + s->len, tokens + r, (size_t)ntok[i] * sizeof(int));
+        r += ntok[i];
+        memcpy(logits + (size_t)i * V, e->h_logits + (size_t)(r - 1) * V, (size_t)V * sizeof(float));
+        s->len += ntok[i];
+        if (e->o.prefix_reuse && e->o.kv_cache) prefix_register(p, s, s->len - ntok[i]);
+    }
+    e->t_decode += kvt_now() - t0;
+    e->n_decode += rows;
     return KVT_OK;
 }
 
@@ -1463,6 +1589,31 @@ kvt_status kvt_step(kvt_engine *e, kvt_seq *s, const int *history, int n_hist, f
     if (s->len >= n_hist)
         return kvt_fail(KVT_EARG, "step: %d tokens of history but %d already cached", n_hist, s->len);
     return kvt_forward(e, s, history + s->len, n_hist - s->len, logits, 0);
+}
+
+void kvt_cache_usage_of(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs, kvt_cache_usage *u) {
+    kvt_pool *p = &e->pool;
+    int *fill = (int *)calloc((size_t)p->n_chunks, sizeof(int)); /* positions written into each chunk */
+    KVT_ASSERT(fill);
+    long tables = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        const kvt_seq *s = seqs[i];
+        tables += s->n_table;
+        for (int j = 0; j < s->n_table; j++) {
+            int f = s->len - j * p->CH < p->CH ? s->len - j * p->CH : p->CH;
+            if (f < 1) f = 1; /* reserved, not yet written: still counts as held */
+            if (f > fill[s->table[j]]) fill[s->table[j]] = f;
+        }
+    }
+    memset(u, 0, sizeof(*u));
+    for (int c = 0; c < p->n_chunks; c++)
+        if (fill[c]) { u->chunks_used++; u->slots_unused += p->CH - fill[c]; }
+    free(fill);
+    u->bits_per_value = p->dtype == KVT_INT8 ? 8.0 + 32.0 / p->G : 8.0 * (double)kvt_dtype_bytes(p->dtype);
+    double chunk_bytes = (double)p->chunk_elems * u->bits_per_value / 8.0;
+    u->slots_allocated = (long)u->chunks_used * p->CH;
+    u->bytes_used = chunk_bytes * u->chunks_used;
+    u->bytes_unshared = chunk_bytes * (double)tables;
 }
 
 void kvt_cache_read(kvt_engine *e, const kvt_seq *s, int l, int which, int pos, float *out) {
@@ -1840,21 +1991,74 @@ static kvt_status bench_positions(kvt_model *m, const kvt_options *o, int every,
     return st;
 }
 
+/* Decode throughput against batch size: B sequences at the same position,
+ * one kvt_forward_batch per step. Weights are read once per step for all B
+ * rows, so tokens/s grows with B until compute, not bandwidth, is the limit. */
+static kvt_status bench_batch(kvt_model *m, const kvt_options *o, FILE *csv) {
+    int sizes[] = {1, 2, 4, 8, 16}, V = m->c.vocab_size, np = 16, steps = 16;
+    kvt_status st = KVT_OK;
+    if (np + steps > m->c.seq_len) return kvt_fail(KVT_EARG, "--bench batch needs TMAX >= %d", np + steps);
+    printf("%6s %14s %14s\n", "batch", "ms/step", "tokens/s");
+    if (csv) fprintf(csv, "batch,ms_per_step,tokens_per_s\n");
+    for (int si = 0; si < 5 && st == KVT_OK; si++) {
+        int B = sizes[si];
+        kvt_options bo = *o;
+        bo.max_seqs = B;
+        bo.max_rows = B > o->max_rows ? B : o->max_rows;
+        bo.prefix_reuse = 0; /* each sequence computes its own prompt */
+        kvt_engine *e;
+        if ((st = kvt_engine_create(&e, m, &bo)) != KVT_OK) break;
+        kvt_seq *seqs = (kvt_seq *)calloc((size_t)B, sizeof(kvt_seq));
+        kvt_seq **ptr = (kvt_seq **)kvt_malloc((size_t)B * sizeof(kvt_seq *));
+        int *toks = (int *)kvt_malloc((size_t)(np + steps) * B * sizeof(int)), *ones = (int *)kvt_malloc((size_t)B * sizeof(int));
+        float *logits = (float *)kvt_malloc((size_t)B * V * sizeof(float));
+        KVT_ASSERT(seqs);
+        kvt_fake_tokens(toks, (np + steps) * B, V);
+        for (int b = 0; b < B && st == KVT_OK; b++) {
+            ptr[b] = &seqs[b];
+            ones[b] = 1;
+            kvt_seq_init(e, &seqs[b]);
+            st = kvt_forward(e, &seqs[b], toks + b * (np + steps), np, logits, 0);
+        }
+        int *step_toks = (int *)kvt_malloc((size_t)B * sizeof(int));
+        double t0 = kvt_now();
+        for (int i = 0; i < steps && st == KVT_OK; i++) {
+            for (int b = 0; b < B; b++) step_toks[b] = toks[b * (np + steps) + np + i];
+            st = kvt_forward_batch(e, ptr, B, step_toks, ones, logits);
+        }
+        double dt = (kvt_now() - t0) / steps;
+        if (st == KVT_OK) {
+            printf("%6d %14.3f %14.1f\n", B, 1e3 * dt, B / dt);
+            if (csv) fprintf(csv, "%d,%.4f,%.2f\n", B, 1e3 * dt, B / dt);
+        }
+        for (int b = 0; b < B; b++) kvt_seq_free(e, &seqs[b]);
+        kvt_engine_free(e);
+        free(seqs); free(ptr); free(toks); free(ones); free(logits); free(step_toks);
+    }
+    return st;
+}
+#endif
+
 // §20 command line ------------------------------------------------------------------------
+#ifndef KVT_NO_MAIN
 static void usage(FILE *f) {
     fprintf(f,
         "usage: kvt [options]\n"
         "  -m, --model PATH        llama2.c checkpoint (default weights/model.bin)\n"
         "  -z, --tokenizer PATH    llama2.c tokenizer.bin (default weights/tokenizer.bin)\n"
         "  --random D,L,NH,NKV,HD,V,TMAX  a deterministic random model instead (prints token ids)\n"
-        "  -i, --prompt TEXT       prompt (default \"ROMEO:\"; token ids are faked for --random)\n"
+        "  -i, --prompt TEXT       prompt (default \"ROMEO:\")\n"
+        "  --prompt-tokens N       --random: a prompt of N made-up token ids (default 8)\n"
+        "  --prompts FILE          one prompt per line, all decoded as one batch\n"
+        "  --fork N                N continuations of the prompt (seeds seed, seed+1, ...), sharing its cache\n"
+        "  --prefix-cache on|off   reuse cached chunks of a live sequence with the same prompt prefix (default on)\n"
         "  -n, --steps N           tokens to generate (default 256, at most TMAX - prompt)\n"
         "  -t, --temperature F     0 = greedy (default 0.8)\n"
         "  -p, --topp F            nucleus sampling threshold in (0, 1] (default 0.9)\n"
         "  -s, --seed N            sampling seed (default 42)\n"
         "  --kv-cache on|off       off: every step recomputes the whole sequence (default on)\n"
         "  --chunk CH              positions per cache chunk, 1..TMAX (default 16; TMAX = contiguous)\n"
-        "  --chunks N              chunks in the pool (default: enough for one full sequence)\n"
+        "  --chunks N              chunks in the pool (default: enough for every sequence at TMAX)\n"
         "  --kv-dtype fp32|fp16|int8   cache element type (default fp32)\n"
         "  --kv-group G            int8: channels per scale, must divide HS (default 32, or HS if smaller)\n"
         "  --attn naive|fused      attention implementation (default fused)\n"
@@ -1864,7 +2068,7 @@ static void usage(FILE *f) {
         "  --check                 run CPU and GPU side by side; print the logit difference per step\n"
         "  --ppl FILE              perplexity of a text file (teacher forced, windows of TMAX)\n"
         "  --ppl-from F            start --ppl at this fraction of the file (e.g. 0.9)\n"
-        "  --bench decode|positions   speed against the bandwidth bound, or ms/token vs position\n"
+        "  --bench decode|positions|batch   speed vs the bandwidth bound; ms/token vs position; batch sizes\n"
         "  --bench-every N         --bench positions: step between positions (default 64)\n"
         "  --csv FILE              --bench: also write the table as CSV\n"
         "  -h, --help              this text\n");
@@ -1900,8 +2104,8 @@ static int arg_choice(const char *flag, const char *s, const char *const *names,
 }
 
 typedef struct {
-    const char *model, *tokenizer, *prompt, *ppl, *bench, *csv;
-    int random, steps, stats, check, chunks_set, group_set, bench_every;
+    const char *model, *tokenizer, *prompt, *ppl, *bench, *csv, *prompts;
+    int random, steps, stats, check, group_set, bench_every, fork, prompt_tokens;
     kvt_config rc;
     double temperature, topp, ppl_from;
     long seed;
@@ -1911,7 +2115,7 @@ typedef struct {
 static int parse_args(kvt_cli *a, int argc, char **argv) {
     static const char *const onoff[] = {"off", "on"}, *const dtypes[] = {"fp32", "fp16", "int8"},
                              *const attns[] = {"naive", "fused"}, *const devs[] = {"cpu", "gpu"},
-                             *const benches[] = {"decode", "positions"};
+                             *const benches[] = {"decode", "positions", "batch"};
     long v;
     int c;
     for (int i = 1; i < argc; i++) {
@@ -1922,7 +2126,7 @@ static int parse_args(kvt_cli *a, int argc, char **argv) {
         static const char *const valued[] = {"-m", "--model", "-z", "--tokenizer", "-i", "--prompt", "--ppl", "--csv",
             "--random", "-n", "--steps", "-t", "--temperature", "-p", "--topp", "-s", "--seed", "--kv-cache", "--chunk",
             "--chunks", "--kv-dtype", "--kv-group", "--attn", "--split", "--device", "--ppl-from", "--bench",
-            "--bench-every"};
+            "--bench-every", "--prompts", "--fork", "--prompt-tokens", "--prefix-cache"};
         int known = 0;
         for (size_t k = 0; k < sizeof(valued) / sizeof(valued[0]); k++) known |= !strcmp(f, valued[k]);
         if (!known) { kvt_fail(KVT_EARG, "unknown flag '%s' (see --help)", f); return 0; }
@@ -1933,6 +2137,10 @@ static int parse_args(kvt_cli *a, int argc, char **argv) {
         else if (!strcmp(f, "-i") || !strcmp(f, "--prompt")) a->prompt = s;
         else if (!strcmp(f, "--ppl")) a->ppl = s;
         else if (!strcmp(f, "--csv")) a->csv = s;
+        else if (!strcmp(f, "--prompts")) a->prompts = s;
+        else if (!strcmp(f, "--fork")) { if (!arg_long(f, s, 1, 4096, &v)) return 0; a->fork = (int)v; }
+        else if (!strcmp(f, "--prompt-tokens")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->prompt_tokens = (int)v; }
+        else if (!strcmp(f, "--prefix-cache")) { if (!arg_choice(f, s, onoff, 2, &a->o.prefix_reuse)) return 0; }
         else if (!strcmp(f, "--random")) {
             kvt_config *r = &a->rc;
             if (sscanf(s, "%d,%d,%d,%d,%d,%d,%d", &r->dim, &r->n_layers, &r->n_heads, &r->n_kv_heads,
@@ -1962,34 +2170,37 @@ static int parse_args(kvt_cli *a, int argc, char **argv) {
         else if (!strcmp(f, "--split")) { if (!arg_long(f, s, -1, KVT_LIMIT_SEQ, &v)) return 0; a->o.split_len = (int)v; }
         else if (!strcmp(f, "--device")) { if (!arg_choice(f, s, devs, 2, &c)) return 0; a->o.device = (kvt_device)c; }
         else if (!strcmp(f, "--ppl-from")) { if (!arg_float(f, s, 0, 1, &a->ppl_from)) return 0; }
-        else if (!strcmp(f, "--bench")) { if (!arg_choice(f, s, benches, 2, &c)) return 0; a->bench = benches[c]; }
+        else if (!strcmp(f, "--bench")) { if (!arg_choice(f, s, benches, 3, &c)) return 0; a->bench = benches[c]; }
         else if (!strcmp(f, "--bench-every")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->bench_every = (int)v; }
     }
     return 1;
 }
 
-static void print_stats(kvt_engine *e, const kvt_seq *s) {
+static void print_stats(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
     kvt_pool *p = &e->pool;
-    double bpv = p->dtype == KVT_INT8 ? 8.0 + 32.0 / p->G : 8.0 * (double)kvt_dtype_bytes(p->dtype);
-    double chunk_bytes = (double)p->chunk_elems * bpv / 8.0;
-    int used = p->n_chunks - p->n_free;
-    long slots = (long)s->n_table * p->CH;
-    fprintf(stderr, "[stats] device %s | attention %s | kv cache %s, %s, CH %d%s\n",
-            e->gpu ? kvt_gpu_name() : "cpu", e->o.attn == KVT_ATTN_NAIVE ? "naive" : "fused",
-            e->o.kv_cache ? "on" : "off (recomputed every step)", kvt_dtype_name(p->dtype), p->CH,
-            p->dtype == KVT_INT8 ? "" : "");
-    fprintf(stderr, "[stats] bits per cached value %.2f%s; chunk %.0f bytes; pool %.0f bytes\n", bpv,
-            p->dtype == KVT_INT8 ? " (8 + 32/G for the fp32 scale)" : "", chunk_bytes, chunk_bytes * p->n_chunks);
-    fprintf(stderr, "[stats] chunks in use %d, peak %d, capacity %d; cache bytes in use %.0f\n", used,
-            p->peak_used, p->n_chunks, chunk_bytes * used);
-    fprintf(stderr, "[stats] positions cached %d, slots allocated %ld, unused %ld (%.1f%%)\n", s->len, slots,
-            slots - s->len, slots ? 100.0 * (double)(slots - s->len) / (double)slots : 0.0);
+    kvt_cache_usage u;
+    kvt_cache_usage_of(e, seqs, n_seqs, &u);
+    fprintf(stderr, "[stats] device %s | attention %s | kv cache %s, %s, CH %d\n", e->gpu ? kvt_gpu_name() : "cpu",
+            e->o.attn == KVT_ATTN_NAIVE ? "naive" : "fused", e->o.kv_cache ? "on" : "off (recomputed every step)",
+            kvt_dtype_name(p->dtype), p->CH);
+    fprintf(stderr, "[stats] bits per cached value %.2f%s; chunk %.0f bytes; pool %.0f bytes\n", u.bits_per_value,
+            p->dtype == KVT_INT8 ? " (8 + 32/G for the fp32 scale)" : "", (double)p->chunk_elems * u.bits_per_value / 8,
+            (double)p->chunk_elems * u.bits_per_value / 8 * p->n_chunks);
+    fprintf(stderr, "[stats] chunks in use %d, peak %d, capacity %d; cache bytes in use %.0f\n", u.chunks_used,
+            p->peak_used, p->n_chunks, u.bytes_used);
+    fprintf(stderr, "[stats] %d sequence(s); slots allocated %ld, unused %ld (%.1f%% waste)\n", n_seqs,
+            u.slots_allocated, u.slots_unused, u.slots_allocated ? 100.0 * u.slots_unused / u.slots_allocated : 0.0);
+    if (n_seqs > 1 || p->shared_hits || p->prefix_hits)
+        fprintf(stderr, "[stats] sharing: %ld chunk(s) shared by fork, %ld copy-on-write copies, prefix hits %ld / "
+                "misses %ld; %.0f bytes vs %.0f without sharing (%.1f%% saved)\n", p->shared_hits, p->cow_copies,
+                p->prefix_hits, p->prefix_misses, u.bytes_used, u.bytes_unshared,
+                u.bytes_unshared > 0 ? 100.0 * (1.0 - u.bytes_used / u.bytes_unshared) : 0.0);
     if (e->n_prefill)
         fprintf(stderr, "[stats] prefill %ld tokens in %.2f ms (%.1f tokens/s)\n", e->n_prefill, 1e3 * e->t_prefill,
                 (double)e->n_prefill / e->t_prefill);
     if (e->n_decode)
-        fprintf(stderr, "[stats] decode %ld steps in %.2f ms (%.2f ms/token, %.1f tokens/s)\n", e->n_decode,
-                1e3 * e->t_decode, 1e3 * e->t_decode / (double)e->n_decode, (double)e->n_decode / e->t_decode);
+        fprintf(stderr, "[stats] decode %ld tokens in %.2f ms (%.1f tokens/s)\n", e->n_decode, 1e3 * e->t_decode,
+                (double)e->n_decode / e->t_decode);
 }
 
 /* Teacher-forced mean negative log-likelihood of a text, in windows of TMAX
@@ -2061,6 +2272,166 @@ static int cli_fail(const char *what) {
     return 1;
 }
 
+/* One sequence: prefill the prompt, then sample -n tokens, printing as we go.
+ * With --check a CPU engine runs the same steps and every step's logits are
+ * compared. */
+static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cli *a, const int *prompt, int np) {
+    int V = m->c.vocab_size, TMAX = m->c.seq_len, ok = 1;
+    kvt_engine *ref = NULL;
+    kvt_status st = KVT_OK;
+    if (a->check) { /* the reference: the same options on the CPU */
+        kvt_options ro = e->o;
+        ro.device = KVT_CPU;
+        if (!e->gpu) {
+            kvt_fail(KVT_EARG, "--check compares the GPU path with the CPU: add --device gpu (needs a CUDA device, "
+                     "or the C build, which emulates the kernels)");
+            return cli_fail("");
+        }
+        if ((st = kvt_engine_create(&ref, m, &ro)) != KVT_OK) return cli_fail("");
+        fprintf(stderr, "[check] %s against the CPU reference, tolerance KVT_TOL_GPU = %.0e\n", kvt_gpu_name(), KVT_TOL_GPU);
+    }
+    int *hist = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
+    float *logits = (float *)kvt_malloc((size_t)V * sizeof(float)), *ref_logits = (float *)kvt_malloc((size_t)V * sizeof(float));
+    memcpy(hist, prompt, (size_t)np * sizeof(int));
+    kvt_sampler sm;
+    kvt_sampler_init(&sm, V, (float)a->temperature, (float)a->topp, (uint64_t)a->seed);
+    kvt_seq s, rs;
+    kvt_seq_init(e, &s);
+    if (ref) kvt_seq_init(ref, &rs);
+    for (int i = 0; i < np; i++) print_token(tk, i ? hist[i - 1] : -1, hist[i]);
+    fflush(stdout);
+    int n = np;
+    while (n < np + a->steps && st == KVT_OK) {
+        st = kvt_step(e, &s, hist, n, logits);
+        if (st == KVT_OK && ref) {
+            if ((st = kvt_step(ref, &rs, hist, n, ref_logits)) != KVT_OK) break;
+            char what[64];
+            snprintf(what, sizeof(what), "--check step %d logits, gpu vs cpu", n - np);
+            ok &= kvt_check(what, logits, ref_logits, V, "vocab=1000000000", KVT_TOL_GPU, "KVT_TOL_GPU");
+        }
+        if (st != KVT_OK) break;
+        int next = kvt_sample(&sm, logits, V);
+        if (tk && (next == KVT_BOS || next == KVT_EOS)) break;
+        print_token(tk, hist[n - 1], next);
+        fflush(stdout);
+        hist[n++] = next;
+    }
+    printf("\n");
+    if (st != KVT_OK) ok = !cli_fail("");
+    const kvt_seq *live = &s;
+    if (st == KVT_OK && a->stats) print_stats(e, &live, 1);
+    if (ref && st == KVT_OK)
+        fprintf(stderr, "%s --check: %d steps, GPU logits %s the CPU reference within KVT_TOL_GPU = %.0e\n",
+                ok ? "PASS" : "FAIL", n - np, ok ? "match" : "do NOT match", KVT_TOL_GPU);
+    kvt_seq_free(e, &s);
+    if (ref) { kvt_seq_free(ref, &rs); kvt_engine_free(ref); }
+    kvt_sampler_free(&sm);
+    free(hist);
+    free(logits);
+    free(ref_logits);
+    return ok ? 0 : 1;
+}
+
+/* Pointers to n sequences (for the functions that take a list of live ones). */
+static const kvt_seq **batch_all(kvt_seq *seqs, int n) {
+    static const kvt_seq *ptrs[4096];
+    for (int i = 0; i < n && i < 4096; i++) ptrs[i] = &seqs[i];
+    return ptrs;
+}
+
+/* Several sequences decoded as one batch: --prompts (one prompt per line) or
+ * --fork N (N continuations of one prompt, seeds seed, seed+1, ...). Each
+ * prompt is prefilled on its own (reusing cached prefixes), then every step
+ * samples one token per sequence and one kvt_forward_batch call runs them all. */
+static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cli *a, int **prompts, const int *np,
+                     int n_seqs) {
+    int V = m->c.vocab_size, TMAX = m->c.seq_len, fork = a->fork > 1;
+    kvt_seq *seqs = (kvt_seq *)calloc((size_t)n_seqs, sizeof(kvt_seq));
+    kvt_seq **batch = (kvt_seq **)kvt_malloc((size_t)n_seqs * sizeof(kvt_seq *));
+    kvt_sampler *sm = (kvt_sampler *)kvt_malloc((size_t)n_seqs * sizeof(kvt_sampler));
+    int *hist = (int *)kvt_malloc((size_t)n_seqs * TMAX * sizeof(int)), *len = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
+    int *next = (int *)kvt_malloc((size_t)n_seqs * sizeof(int)), *ones = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
+    int *active = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
+    float *logits = (float *)kvt_malloc((size_t)n_seqs * V * sizeof(float)), *blog = (float *)kvt_malloc((size_t)n_seqs * V * sizeof(float));
+    KVT_ASSERT(seqs);
+    kvt_status st = KVT_OK;
+    double t0 = kvt_now();
+    for (int i = 0; i < n_seqs && st == KVT_OK; i++) {
+        kvt_sampler_init(&sm[i], V, (float)a->temperature, (float)a->topp, (uint64_t)(a->seed + i));
+        memcpy(hist + (size_t)i * TMAX, prompts[fork ? 0 : i], (size_t)np[fork ? 0 : i] * sizeof(int));
+        len[i] = np[fork ? 0 : i];
+        active[i] = 1;
+        ones[i] = 1;
+        if (fork && i > 0) { /* share the prompt's chunks; same first logits */
+            st = kvt_seq_fork(e, &seqs[i], &seqs[0]);
+            memcpy(logits + (size_t)i * V, logits, (size_t)V * sizeof(float));
+        } else {
+            st = kvt_seq_init(e, &seqs[i]);
+            if (st == KVT_OK) st = kvt_forward(e, &seqs[i], hist + (size_t)i * TMAX, len[i], logits + (size_t)i * V, 0);
+        }
+    }
+    for (int step = 0; step < a->steps && st == KVT_OK; step++) {
+        int nb = 0;
+        for (int i = 0; i < n_seqs; i++) {
+            if (!active[i]) continue;
+            int t = kvt_sample(&sm[i], logits + (size_t)i * V, V);
+            if (tk && (t == KVT_BOS || t == KVT_EOS)) { active[i] = 0; continue; }
+            hist[(size_t)i * TMAX + len[i]++] = t;
+            if (step + 1 < a->steps) { batch[nb] = &seqs[i]; next[nb++] = t; }
+        }
+        if (nb == 0) continue;
+        st = kvt_forward_batch(e, batch, nb, next, ones, blog);
+        for (int i = 0, j = 0; i < n_seqs && st == KVT_OK; i++) /* scatter the batch's logits back */
+            if (j < nb && batch[j] == &seqs[i]) memcpy(logits + (size_t)i * V, blog + (size_t)j++ * V, (size_t)V * sizeof(float));
+    }
+    double dt = kvt_now() - t0;
+    for (int i = 0; i < n_seqs; i++) {
+        printf("--- sequence %d (seed %ld) ---\n", i, a->seed + i);
+        for (int j = 0; j < len[i]; j++) print_token(tk, j ? hist[(size_t)i * TMAX + j - 1] : -1, hist[(size_t)i * TMAX + j]);
+        printf("\n");
+    }
+    int rc = st == KVT_OK ? 0 : cli_fail("");
+    if (a->stats) {
+        print_stats(e, (const kvt_seq *const *)batch_all(seqs, n_seqs), n_seqs);
+        fprintf(stderr, "[stats] %d sequences, wall time %.1f ms (prefill + decode)\n", n_seqs, 1e3 * dt);
+    }
+    for (int i = 0; i < n_seqs; i++) { kvt_seq_free(e, &seqs[i]); kvt_sampler_free(&sm[i]); }
+    free(seqs); free(batch); free(sm); free(hist); free(len); free(next); free(ones); free(active); free(logits); free(blog);
+    return rc;
+}
+
+/* Read --prompts: one prompt per non-empty line. Returns the count (or -1). */
+static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int ***prompts, int **np) {
+    FILE *f = fopen(path, "r");
+    if (!f) { kvt_fail(KVT_EIO, "--prompts: cannot open '%s'", path); return -1; }
+    char line[8192];
+    int n = 0, cap = 0;
+    *prompts = NULL;
+    *np = NULL;
+    while (fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        if (!line[0]) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 8;
+            *prompts = (int **)realloc(*prompts, (size_t)cap * sizeof(int *));
+            *np = (int *)realloc(*np, (size_t)cap * sizeof(int));
+            KVT_ASSERT(*prompts && *np);
+        }
+        (*prompts)[n] = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
+        if (kvt_encode(tk, line, 1, (*prompts)[n], TMAX, &(*np)[n]) != KVT_OK) {
+            char msg[sizeof(kvt_errbuf)];
+            snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
+            kvt_fail(KVT_EARG, "--prompts line %d: %s", n + 1, msg);
+            fclose(f);
+            return -(n + 2);
+        }
+        n++;
+    }
+    fclose(f);
+    if (n == 0) kvt_fail(KVT_EARG, "--prompts: '%s' has no non-empty line", path);
+    return n;
+}
+
 int main(int argc, char **argv) {
     kvt_cli a;
     memset(&a, 0, sizeof(a));
@@ -2072,94 +2443,79 @@ int main(int argc, char **argv) {
     a.topp = 0.9;
     a.seed = 42;
     a.bench_every = 64;
+    a.prompt_tokens = 8;
     kvt_options_default(&a.o);
     if (!parse_args(&a, argc, argv)) { cli_fail(""); fprintf(stderr, "run 'kvt --help' for the flags\n"); return 1; }
 
     kvt_model m;
     kvt_status st = a.random ? kvt_model_random(&m, a.rc, 1) : kvt_model_load(&m, a.model);
     if (st != KVT_OK) return cli_fail("");
-    int V = m.c.vocab_size, TMAX = m.c.seq_len, HS = m.head_size;
+    int V = m.c.vocab_size, TMAX = m.c.seq_len, HS = m.head_size, rc = 1;
     if (!a.group_set && a.o.kv_group > HS) a.o.kv_group = HS;
-    FILE *csv = NULL;
-    if (a.csv && !(csv = fopen(a.csv, "w"))) { kvt_fail(KVT_EIO, "--csv: cannot write '%s'", a.csv); return cli_fail(""); }
     if (a.bench) {
-        st = !strcmp(a.bench, "decode") ? bench_decode(&m, &a.o, csv) : bench_positions(&m, &a.o, a.bench_every, csv);
+        FILE *csv = NULL;
+        if (a.csv && !(csv = fopen(a.csv, "w"))) kvt_fail(KVT_EIO, "--csv: cannot write '%s'", a.csv);
+        else if (!strcmp(a.bench, "decode")) st = bench_decode(&m, &a.o, csv);
+        else if (!strcmp(a.bench, "positions")) st = bench_positions(&m, &a.o, a.bench_every, csv);
+        else st = bench_batch(&m, &a.o, csv);
         if (csv) fclose(csv);
         kvt_model_free(&m);
-        return st == KVT_OK ? 0 : cli_fail("");
+        return a.csv && !csv ? cli_fail("") : st == KVT_OK ? 0 : cli_fail("");
     }
     kvt_tokenizer tk, *tkp = NULL;
+    int **prompts = NULL, *np = NULL, n_prompts = 1;
+    kvt_engine *e = NULL;
     if (!a.random) {
-        if ((st = kvt_tokenizer_load(&tk, a.tokenizer, V)) != KVT_OK) return cli_fail("");
+        if ((st = kvt_tokenizer_load(&tk, a.tokenizer, V)) != KVT_OK) { kvt_model_free(&m); return cli_fail(""); }
         tkp = &tk;
     }
-    kvt_engine *e, *ref = NULL;
-    if ((st = kvt_engine_create(&e, &m, &a.o)) != KVT_OK) return cli_fail("");
     if (a.ppl) {
-        if (!tkp) { kvt_fail(KVT_EARG, "--ppl needs a tokenizer (not --random)"); return cli_fail(""); }
-        st = run_ppl(e, tkp, a.ppl, a.ppl_from);
-        if (st == KVT_OK && a.stats) fprintf(stderr, "[stats] device %s\n", e->gpu ? kvt_gpu_name() : "cpu");
-        return st == KVT_OK ? 0 : cli_fail("");
+        if (!tkp) kvt_fail(KVT_EARG, "--ppl needs a tokenizer (not --random)");
+        else if ((st = kvt_engine_create(&e, &m, &a.o)) == KVT_OK && (st = run_ppl(e, tkp, a.ppl, a.ppl_from)) == KVT_OK)
+            rc = 0;
+        goto done;
     }
-    if (a.check) { /* the reference: the same options on the CPU */
-        kvt_options ro = e->o;
-        ro.device = KVT_CPU;
-        if (!e->gpu) {
-            kvt_fail(KVT_EARG, "--check compares the GPU path with the CPU: add --device gpu (needs a CUDA device, "
-                     "or the C build, which emulates the kernels)");
-            return cli_fail("");
+    if (a.prompts) { /* several prompts, one batch */
+        if (!tkp) { kvt_fail(KVT_EARG, "--prompts needs a tokenizer (not --random)"); goto done; }
+        if ((n_prompts = read_prompts(a.prompts, tkp, TMAX, &prompts, &np)) < 1) {
+            n_prompts = n_prompts < -1 ? -n_prompts - 2 : 0;
+            goto done;
         }
-        if ((st = kvt_engine_create(&ref, &m, &ro)) != KVT_OK) return cli_fail("");
-        fprintf(stderr, "[check] %s against the CPU reference, tolerance KVT_TOL_GPU = %.0e\n", kvt_gpu_name(), KVT_TOL_GPU);
+    } else { /* one prompt */
+        prompts = (int **)kvt_malloc(sizeof(int *));
+        np = (int *)kvt_malloc(sizeof(int));
+        prompts[0] = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
+        if (tkp) st = kvt_encode(tkp, a.prompt, 1, prompts[0], TMAX, &np[0]);
+        else if (a.prompt_tokens > TMAX) st = kvt_fail(KVT_ECONTEXT, "--prompt-tokens %d: more than TMAX = %d", a.prompt_tokens, TMAX);
+        else { np[0] = a.prompt_tokens; prompts[0][0] = KVT_BOS % V; kvt_fake_tokens(prompts[0] + 1, np[0] - 1, V); }
+        if (st != KVT_OK) { cli_fail("prompt: "); kvt_errbuf[0] = '\0'; goto done; }
     }
-    int *hist = (int *)kvt_malloc((size_t)TMAX * sizeof(int)), np = 0;
-    if (tkp) st = kvt_encode(tkp, a.prompt, 1, hist, TMAX, &np);
-    else { np = 8 < TMAX ? 8 : 1; hist[0] = KVT_BOS % V; kvt_fake_tokens(hist + 1, np - 1, V); }
-    if (st != KVT_OK) return cli_fail("prompt: ");
-    if (a.steps < 0) a.steps = TMAX - np < 256 ? TMAX - np : 256;
-    if (np + a.steps > TMAX) {
-        kvt_fail(KVT_ECONTEXT, "-n %d: the prompt is %d tokens, so -n must be in [0, %d] (context TMAX = %d)",
-                 a.steps, np, TMAX - np, TMAX);
-        return cli_fail("");
+    int longest = 0;
+    for (int i = 0; i < n_prompts; i++) longest = np[i] > longest ? np[i] : longest;
+    if (a.steps < 0) a.steps = TMAX - longest < 256 ? TMAX - longest : 256;
+    if (longest + a.steps > TMAX) {
+        kvt_fail(KVT_ECONTEXT, "-n %d: the %sprompt is %d tokens, so -n must be in [0, %d] (context TMAX = %d)", a.steps,
+                 n_prompts > 1 ? "longest " : "", longest, TMAX - longest, TMAX);
+        goto done;
     }
-    kvt_sampler sm;
-    kvt_sampler_init(&sm, V, (float)a.temperature, (float)a.topp, (uint64_t)a.seed);
-    float *logits = (float *)kvt_malloc((size_t)V * sizeof(float)), *ref_logits = (float *)kvt_malloc((size_t)V * sizeof(float));
-    kvt_seq s, rs;
-    kvt_seq_init(e, &s);
-    if (ref) kvt_seq_init(ref, &rs);
-    for (int i = 0; i < np; i++) print_token(tkp, i ? hist[i - 1] : -1, hist[i]);
-    fflush(stdout);
-    int n = np, check_ok = 1;
-    while (n < np + a.steps && st == KVT_OK) {
-        st = kvt_step(e, &s, hist, n, logits);
-        if (st == KVT_OK && ref) {
-            if ((st = kvt_step(ref, &rs, hist, n, ref_logits)) != KVT_OK) break;
-            char what[64];
-            snprintf(what, sizeof(what), "--check step %d logits, gpu vs cpu", n - np);
-            check_ok &= kvt_check(what, logits, ref_logits, V, "vocab=1000000000", KVT_TOL_GPU, "KVT_TOL_GPU");
-        }
-        if (st != KVT_OK) break;
-        int next = kvt_sample(&sm, logits, V);
-        if (tkp && (next == KVT_BOS || next == KVT_EOS)) break;
-        print_token(tkp, hist[n - 1], next);
-        fflush(stdout);
-        hist[n++] = next;
+    int n_seqs = a.fork > 1 ? a.fork : n_prompts;
+    if (n_seqs > 1) {
+        if (!a.o.kv_cache) { kvt_fail(KVT_EARG, "--prompts and --fork decode with the cache: drop --kv-cache off"); goto done; }
+        if (a.check) { kvt_fail(KVT_EARG, "--check runs one sequence: drop --prompts/--fork"); goto done; }
+        a.o.max_seqs = n_seqs;
+        if (a.o.max_rows < n_seqs) a.o.max_rows = n_seqs;
     }
-    printf("\n");
-    if (st != KVT_OK) return cli_fail("");
-    if (a.stats) print_stats(e, &s);
-    if (ref) fprintf(stderr, "%s --check: %d steps, GPU logits %s the CPU reference within KVT_TOL_GPU = %.0e\n",
-                     check_ok ? "PASS" : "FAIL", n - np, check_ok ? "match" : "do NOT match", KVT_TOL_GPU);
-    kvt_seq_free(e, &s);
-    if (ref) { kvt_seq_free(ref, &rs); kvt_engine_free(ref); }
+    if ((st = kvt_engine_create(&e, &m, &a.o)) != KVT_OK) goto done;
+    rc = n_seqs > 1 ? run_batch(e, &m, tkp, &a, prompts, np, n_seqs) : run_single(e, &m, tkp, &a, prompts[0], np[0]);
+    kvt_errbuf[0] = '\0'; /* the runners reported their own errors */
+done:
+    if (rc && kvt_errbuf[0]) cli_fail("");
+    for (int i = 0; i < n_prompts && prompts; i++) free(prompts[i]);
+    free(prompts);
+    free(np);
     kvt_engine_free(e);
-    kvt_sampler_free(&sm);
-    free(hist);
-    free(logits);
-    free(ref_logits);
     if (tkp) kvt_tokenizer_free(tkp);
     kvt_model_free(&m);
-    return check_ok ? 0 : 1;
+    return rc;
 }
 #endif

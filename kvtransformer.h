@@ -131,6 +131,9 @@ typedef struct {
     int peak_used;
     long shared_hits;    /* times a chunk was shared instead of copied (fork) */
     long cow_copies;     /* copy-on-write copies */
+    uint64_t *prefix_hash; /* (n_chunks) for a full chunk: hash of all tokens up to its end; 0 = none */
+    long prefix_hits;    /* prompt chunks found cached in another live sequence */
+    long prefix_misses;  /* prompt chunks that had to be computed */
 } kvt_pool;
 
 typedef struct {
@@ -138,6 +141,7 @@ typedef struct {
     int n_table;      /* chunks owned (ceil(len / CH) after a forward) */
     int max_table;    /* ceil(TMAX / CH) */
     int *table;       /* (max_table) logical chunk -> physical chunk id */
+    int *tokens;      /* (TMAX) the tokens whose K/V are cached (for prefix reuse) */
 } kvt_seq;
 
 /* ---- engine: a model on a device with a pool and scratch buffers -------- */
@@ -156,6 +160,7 @@ typedef struct {
     int kv_group;     /* G for int8 (must divide HS) */
     int split_len;    /* fused GPU attention: positions per split; 0 = automatic, -1 = never */
     int max_rows;     /* most rows per forward call (longer prefills are cut) */
+    int prefix_reuse; /* 1: a new sequence reuses full chunks of a live one with the same prefix */
 } kvt_options;
 
 void kvt_options_default(kvt_options *o);
@@ -182,10 +187,29 @@ kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs)
 kvt_status kvt_forward(kvt_engine *e, kvt_seq *seq, const int *tokens, int n,
                        float *logits, int all_logits);
 
+/* Batched forward: ntok[i] new tokens for sequence seqs[i] (tokens concatenated
+ * in sequence order, at most max_rows in all), each at its own position and
+ * attending over its own chunk table; one matmul serves all rows. logits
+ * (n_seqs, V): the last row of each sequence. On an error (the message names
+ * the sequence) no sequence has changed. */
+kvt_status kvt_forward_batch(kvt_engine *e, kvt_seq *const *seqs, int n_seqs, const int *tokens,
+                             const int *ntok, float *logits);
+
 /* One generation step as the options say: with the cache, feed `tok` at seq->len;
  * without it (kv_cache = 0), reset seq and re-run all of history[0..n_hist). */
 kvt_status kvt_step(kvt_engine *e, kvt_seq *seq, const int *history, int n_hist,
                     float *logits);
+
+/* What the cache holds for these live sequences. */
+typedef struct {
+    int chunks_used;       /* distinct chunks the sequences hold */
+    long slots_allocated;  /* chunks_used * CH */
+    long slots_unused;     /* allocated slots no sequence has written (chunk tails) */
+    double bytes_used;     /* chunks_used * bytes per chunk */
+    double bytes_unshared; /* what the same sequences would hold with no sharing */
+    double bits_per_value; /* 32, 16, or 8 + 32/G */
+} kvt_cache_usage;
+void kvt_cache_usage_of(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs, kvt_cache_usage *u);
 
 /* Read back cached K or V (dequantized to fp32) of one position: out (NKV, HS). */
 void kvt_cache_read(kvt_engine *e, const kvt_seq *s, int layer, int kv, int pos,

@@ -629,6 +629,239 @@ static void test_fork_cow(int gpu) {
     kvt_model_free(&m);
 }
 
+
+// ---- batches, forks, prefix reuse ------------------------------------------------------------
+
+/* Sequences of different lengths decoded together give what each gives alone. */
+static void test_batch(int gpu) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 2, 4, 2, 64, 53, 64), 12) == KVT_OK);
+    int V = 53, nseq = 4, np[4] = {3, 17, 30, 1}, steps = 6, all[4][40], toks_alone[40];
+    float *alone = (float *)kvt_malloc((size_t)steps * V * 4), *logits = (float *)kvt_malloc((size_t)nseq * V * 4);
+    float *batched = (float *)kvt_malloc((size_t)nseq * steps * V * 4);
+    for (int i = 0; i < nseq; i++) { kvt_fake_tokens(all[i], 40, V); all[i][0] = i + 5; } /* distinct prompts */
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = gpu ? KVT_GPU : KVT_CPU;
+    o.CH = 4;
+    o.max_seqs = nseq;
+    kvt_engine *e;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    kvt_seq seqs[4], *ptr[4];
+    int next[4], ones[4] = {1, 1, 1, 1}, len[4];
+    for (int i = 0; i < nseq; i++) {
+        ptr[i] = &seqs[i];
+        kvt_seq_init(e, &seqs[i]);
+        KVT_ASSERT(kvt_forward(e, &seqs[i], all[i], np[i], logits + i * V, 0) == KVT_OK);
+        len[i] = np[i];
+    }
+    kvt_status st = KVT_OK;
+    for (int step = 0; step < steps && st == KVT_OK; step++) {
+        for (int i = 0; i < nseq; i++) {
+            memcpy(batched + ((size_t)i * steps + step) * V, logits + i * V, (size_t)V * 4);
+            next[i] = all[i][len[i]++] = kvt_argmax(logits + i * V, V);
+        }
+        st = kvt_forward_batch(e, ptr, nseq, next, ones, logits);
+    }
+    expect(st == KVT_OK, "batched decode of 4 sequences (lengths 3, 17, 30, 1) runs (%s)", gpu ? "gpu" : "cpu");
+    for (int i = 0; i < nseq; i++) { /* the same sequence alone */
+        o.max_seqs = 1;
+        KVT_ASSERT(generate(&m, &o, all[i], np[i], steps, toks_alone, alone) == KVT_OK);
+        char what[96];
+        snprintf(what, sizeof(what), "batch vs alone (%s): sequence %d, prompt %d, %d steps", gpu ? "gpu" : "cpu", i, np[i], steps);
+        int ok = kvt_check(what, batched + (size_t)i * steps * V, alone, (long)steps * V, "step=6,vocab=53", TOL_E2E, "TOL_E2E");
+        int same = !memcmp(toks_alone, all[i], (size_t)(np[i] + steps) * sizeof(int));
+        if (!same) printf("FAIL %s: greedy tokens differ\n", what);
+        tally(ok && same);
+    }
+    /* a ragged prefill in one call: 5, 1 and 9 new tokens for three fresh sequences */
+    int nt[3] = {5, 1, 9}, cat[15];
+    for (int i = 0; i < 3; i++) kvt_seq_reset(e, &seqs[i]);
+    for (int i = 0, r = 0; i < 3; i++) for (int j = 0; j < nt[i]; j++) cat[r++] = all[i][j];
+    st = kvt_forward_batch(e, ptr, 3, cat, nt, logits);
+    float want[3 * 53];
+    kvt_seq solo;
+    for (int i = 0; i < 3; i++) {
+        kvt_seq_init(e, &solo);
+        KVT_ASSERT(st == KVT_OK && kvt_forward(e, &solo, all[i], nt[i], want + i * V, 0) == KVT_OK);
+        kvt_seq_free(e, &solo);
+    }
+    tally(kvt_check(gpu ? "ragged batched prefill (5, 1, 9 rows) vs one by one (gpu)" : "ragged batched prefill (5, 1, 9 rows) vs one by one (cpu)",
+                    logits, want, 3L * V, "seq=3,vocab=53", TOL_E2E, "TOL_E2E"));
+    for (int i = 0; i < nseq; i++) kvt_seq_free(e, &seqs[i]);
+    kvt_engine_free(e);
+    free(alone); free(logits); free(batched);
+    kvt_model_free(&m);
+}
+
+/* Forked continuations sample exactly what independent runs with the same
+ * prompt and seeds sample. */
+static void test_fork_sampling(void) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 2, 4, 2, 64, 53, 64), 13) == KVT_OK);
+    int V = 53, np = 10, steps = 12, prompt[10], nf = 4, ok = 1;
+    kvt_fake_tokens(prompt, np, V);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.CH = 4;
+    o.max_seqs = nf;
+    kvt_engine *e;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    kvt_seq seqs[4], *ptr[4];
+    kvt_sampler sm[4];
+    int out[4][30], next[4], ones[4] = {1, 1, 1, 1};
+    float *logits = (float *)kvt_malloc((size_t)nf * V * 4);
+    kvt_seq_init(e, &seqs[0]);
+    KVT_ASSERT(kvt_forward(e, &seqs[0], prompt, np, logits, 0) == KVT_OK);
+    for (int i = 0; i < nf; i++) {
+        if (i) { KVT_ASSERT(kvt_seq_fork(e, &seqs[i], &seqs[0]) == KVT_OK); memcpy(logits + i * V, logits, (size_t)V * 4); }
+        ptr[i] = &seqs[i];
+        kvt_sampler_init(&sm[i], V, 1.0f, 0.95f, (uint64_t)(100 + i));
+    }
+    for (int step = 0; step < steps; step++) {
+        for (int i = 0; i < nf; i++) next[i] = out[i][step] = kvt_sample(&sm[i], logits + i * V, V);
+        KVT_ASSERT(kvt_forward_batch(e, ptr, nf, next, ones, logits) == KVT_OK);
+    }
+    for (int i = 0; i < nf; i++) { /* independent: its own engine, its own sampler with the same seed */
+        kvt_options so = o;
+        so.max_seqs = 1;
+        kvt_engine *e2;
+        kvt_seq s2;
+        kvt_sampler sm2;
+        float lg[53];
+        int hist[40];
+        memcpy(hist, prompt, sizeof(prompt));
+        KVT_ASSERT(kvt_engine_create(&e2, &m, &so) == KVT_OK);
+        kvt_seq_init(e2, &s2);
+        kvt_sampler_init(&sm2, V, 1.0f, 0.95f, (uint64_t)(100 + i));
+        for (int step = 0; step < steps; step++) {
+            KVT_ASSERT(kvt_step(e2, &s2, hist, np + step, lg) == KVT_OK);
+            hist[np + step] = kvt_sample(&sm2, lg, V);
+            ok &= hist[np + step] == out[i][step];
+        }
+        kvt_sampler_free(&sm2);
+        kvt_seq_free(e2, &s2);
+        kvt_engine_free(e2);
+    }
+    expect(ok, "4 forked continuations (seeds 100..103, temperature 1, top-p 0.95) = 4 independent runs, 12 tokens each");
+    int distinct = 0;
+    for (int i = 1; i < nf; i++) distinct += memcmp(out[i], out[0], (size_t)steps * sizeof(int)) != 0;
+    expect(distinct == nf - 1, "the 4 continuations differ from each other (different seeds)");
+    for (int i = 0; i < nf; i++) { kvt_seq_free(e, &seqs[i]); kvt_sampler_free(&sm[i]); }
+    kvt_engine_free(e);
+    free(logits);
+    kvt_model_free(&m);
+}
+
+/* A second request with the same prompt computes only the last, partial chunk. */
+static void test_prefix_reuse(int gpu) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 2, 4, 2, 64, 53, 64), 14) == KVT_OK);
+    int V = 53, np = 37, prompt[37];
+    kvt_fake_tokens(prompt, np, V);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = gpu ? KVT_GPU : KVT_CPU;
+    o.CH = 8;
+    o.max_seqs = 2;
+    kvt_engine *e;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    kvt_seq a, b;
+    float la[53], lb[53];
+    kvt_seq_init(e, &a);
+    kvt_seq_init(e, &b);
+    KVT_ASSERT(kvt_forward(e, &a, prompt, np, la, 0) == KVT_OK);
+    long rows_before = e->n_prefill + e->n_decode, hits = e->pool.prefix_hits, misses = e->pool.prefix_misses;
+    KVT_ASSERT(kvt_forward(e, &b, prompt, np, lb, 0) == KVT_OK);
+    long rows = e->n_prefill + e->n_decode - rows_before;
+    expect(e->pool.prefix_hits - hits == 4 && e->pool.prefix_misses - misses == 1 && rows == 5 && b.table[0] == a.table[0],
+           "prefix reuse (%s): 2nd request of 37 tokens, CH 8: 4 chunks reused, 1 computed, %ld rows run", gpu ? "gpu" : "cpu", rows);
+    tally(kvt_check(gpu ? "prefix-reused request vs cold run: logits (gpu)" : "prefix-reused request vs cold run: logits (cpu)",
+                    lb, la, V, "vocab=53", TOL_E2E, "TOL_E2E"));
+    const kvt_seq *live[2] = {&a, &b};
+    expect(kvt_pool_check(e, live, 2) == KVT_OK, "pool consistent after prefix reuse (%s)", gpu ? "gpu" : "cpu");
+    kvt_seq_free(e, &a);
+    kvt_seq_free(e, &b);
+    kvt_engine_free(e);
+    kvt_model_free(&m);
+}
+
+/* Pool exhaustion in the middle of a batch: the error names the sequence, and
+ * every sequence is left intact and usable. */
+static void test_batch_exhaustion(void) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 2, 4, 2, 64, 53, 64), 15) == KVT_OK);
+    int V = 53, toks[3][20];
+    for (int i = 0; i < 3; i++) { kvt_fake_tokens(toks[i], 20, V); toks[i][0] = i; }
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.CH = 4;
+    o.max_seqs = 3;
+    o.n_chunks = 7;
+    o.prefix_reuse = 0;
+    kvt_engine *e;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    kvt_seq s[3], *ptr[3] = {&s[0], &s[1], &s[2]};
+    float lg[3 * 53], la[53];
+    int lens[3] = {4, 6, 8}; /* chunks: 1, 2, 2 -> 5 of 7 used; the next token needs 1 for s0, 0, 1 for s2 */
+    for (int i = 0; i < 3; i++) { kvt_seq_init(e, &s[i]); KVT_ASSERT(kvt_forward(e, &s[i], toks[i], lens[i], lg, 0) == KVT_OK); }
+    KVT_ASSERT(kvt_forward(e, &s[0], toks[0] + 4, 4, lg, 0) == KVT_OK); /* s0 now 8: 2 chunks, 6 used, 1 free */
+    int next[3] = {toks[0][8], toks[1][6], toks[2][8]}, ones[3] = {1, 1, 1};
+    kvt_status st = kvt_forward_batch(e, ptr, 3, next, ones, lg);
+    expect(st == KVT_EPOOL && contains(kvt_last_error(), "sequence 2") && s[0].len == 8 && s[1].len == 6 && s[2].len == 8 &&
+           e->pool.n_free == 1, "pool exhausted mid-batch: names sequence 2, no sequence changed: %s", kvt_last_error());
+    /* the others go on, and give what they would have given */
+    st = kvt_forward_batch(e, ptr, 2, next, ones, lg);
+    kvt_seq ref;
+    kvt_seq_free(e, &s[2]);
+    kvt_seq_init(e, &ref);
+    KVT_ASSERT(st == KVT_OK && kvt_forward(e, &ref, toks[1], 7, la, 0) == KVT_OK);
+    tally(kvt_check("after the failed batch, sequence 1 continues as if nothing happened", lg + V, la, V, "vocab=53", TOL_E2E,
+                    "TOL_E2E"));
+    kvt_seq_free(e, &ref);
+    for (int i = 0; i < 2; i++) kvt_seq_free(e, &s[i]);
+    expect(e->pool.n_free == 7, "pool full again after freeing");
+    kvt_engine_free(e);
+    kvt_model_free(&m);
+}
+
+/* Memory: 8 continuations of a 400-token prompt, 100 tokens each, CH 16. */
+static void test_fork_memory(void) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 1, 4, 2, 64, 53, 512), 16) == KVT_OK);
+    int V = 53, prompt[400];
+    kvt_fake_tokens(prompt, 400, V);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.CH = 16;
+    o.max_seqs = 8;
+    kvt_engine *e;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    kvt_seq s[8], *ptr[8];
+    float *lg = (float *)kvt_malloc(8 * 53 * 4);
+    kvt_seq_init(e, &s[0]);
+    KVT_ASSERT(kvt_forward(e, &s[0], prompt, 400, lg, 0) == KVT_OK);
+    for (int i = 0; i < 8; i++) { if (i) KVT_ASSERT(kvt_seq_fork(e, &s[i], &s[0]) == KVT_OK); ptr[i] = &s[i]; }
+    int next[8], ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    for (int step = 0; step < 100; step++) {
+        for (int i = 0; i < 8; i++) next[i] = (step * 7 + i * 13) % V;
+        KVT_ASSERT(kvt_forward_batch(e, ptr, 8, next, ones, lg) == KVT_OK);
+    }
+    kvt_cache_usage u;
+    kvt_cache_usage_of(e, (const kvt_seq *const *)ptr, 8, &u);
+    /* by hand: 25 shared prompt chunks + 8 x ceil(100/16) = 7 private ones = 81 of 8 x 32 = 256 */
+    expect(u.chunks_used == 81 && u.bytes_unshared == 256.0 * u.bytes_used / 81,
+           "fork memory: 8 x (400 + 100) positions hold %d chunks (81 by hand), %.1f%% saved", u.chunks_used,
+           100.0 * (1 - u.bytes_used / u.bytes_unshared));
+    for (int i = 0; i < 8; i++) kvt_seq_free(e, &s[i]);
+    kvt_engine_free(e);
+    free(lg);
+    kvt_model_free(&m);
+}
+
 // ---- bad input ---------------------------------------------------------------------------
 
 static int write_checkpoint(const char *path, const kvt_model *m, long cut, int extra) {
@@ -769,6 +1002,9 @@ static void test_cli(void) {
     cli_expect("--model /nonexistent.bin", 0, "cannot open checkpoint");
     cli_expect("--random 32,1,4,2,64,50,32 --chunk 4 --chunks 2 -n 20", 0, "KV cache pool exhausted");
     cli_expect("--random 32,1,4,2,64,50,32 -n 5 -t 0 --stats", 1, "[stats] chunks in use");
+    cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --stats", 1, "--- sequence 2 (seed 44) ---");
+    cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --chunk 4 --chunks 4", 0, "sequence 0 of the batch");
+    cli_expect("--random 32,1,4,2,64,50,32 --fork 2 --kv-cache off", 0, "drop --kv-cache off");
 }
 
 // ---- the default model (weights/) -----------------------------------------------------------
@@ -896,6 +1132,11 @@ int main(int argc, char **argv) {
     test_cache_on_off();
     test_prefill();
     test_fork_cow(0);
+    test_batch(0);
+    test_fork_sampling();
+    test_prefix_reuse(0);
+    test_batch_exhaustion();
+    test_fork_memory();
     test_bad_input();
     test_bpe();
     test_sampler();
@@ -911,6 +1152,8 @@ int main(int argc, char **argv) {
         test_kv_write_bytes();
         test_gpu_matrix();
         test_fork_cow(1);
+        test_batch(1);
+        test_prefix_reuse(1);
     } else {
         skip("GPU kernel checks: an nvcc build without a CUDA device (the C build emulates them)");
     }
