@@ -6,6 +6,8 @@
 #   make test-valgrind   memcheck on a short generation
 #   make bench      speed figures of this machine (also writes bench_*.csv)
 #   make debug      -O0 -g build (-G for device code) for gdb / cuda-gdb
+#   make walkthrough  run the README's gdb sessions in batch mode (checks them)
+#   make fuzz       libFuzzer on the checkpoint loader, tokenizer loader, prompt encoder
 #   make nvcc-check compile the CUDA build for sm_80 and sm_90 (no GPU needed)
 #   make gpu-check  on a GPU machine: nvcc build, tests and GPU bench in one go
 #   make clean
@@ -31,7 +33,7 @@ HAVE_BLAS   := $(shell printf '$(HASH)include <cblas.h>\nint main(void){float x=
                  $(CC) -x c - -o /dev/null $(BLAS_CFLAGS) $(BLAS_LIBS) >/dev/null 2>&1 && echo yes)
 
 # The C build: the kernels run in the OpenMP emulation (kvtransformer.cu §2).
-CFLAGS  ?= -O2
+CFLAGS  ?= -O3 -march=native
 C_ALL    = -x c -std=c11 -Wall -Wextra -fopenmp $(CFLAGS) $(BLAS_CFLAGS)
 # The nvcc build: real kernels for Ampere (sm_80) and Hopper (sm_90).
 NVFLAGS ?= -O2
@@ -50,7 +52,7 @@ endif
 # Barriers of the emulated kernels are far cheaper when idle threads sleep.
 export OMP_WAIT_POLICY ?= passive
 
-.PHONY: all run test test-asan test-valgrind bench debug nvcc-check gpu-check clean deps
+.PHONY: all run test test-asan test-valgrind bench debug walkthrough fuzz nvcc-check gpu-check clean deps
 
 all: deps kvt
 
@@ -106,6 +108,26 @@ else
 	$(CC) -x c -std=c11 -Wall -Wextra -fopenmp -O0 -g $(BLAS_CFLAGS) kvtransformer.cu -o kvt $(LIBS)
 	$(CC) -x c -std=c11 -Wall -Wextra -fopenmp -O0 -g $(BLAS_CFLAGS) test.c -o test_kvt $(LIBS)
 endif
+
+# Fuzzing (clang + libFuzzer): FUZZ_SECONDS per target, corpus and crashes in FUZZ_DIR.
+FUZZ_SECONDS ?= 200
+FUZZ_DIR ?= /tmp/kvt-fuzz
+FUZZ_CC = clang -x c -std=c11 -g -O1 -fopenmp -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+fuzz: deps test_kvt
+	mkdir -p $(FUZZ_DIR)/model $(FUZZ_DIR)/tokenizer $(FUZZ_DIR)/prompt $(FUZZ_DIR)/crashes
+	./test_kvt --write-fuzz-seeds $(FUZZ_DIR)
+	for t in 1:model 2:tokenizer 3:prompt; do \
+	  n=$${t%%:*}; name=$${t#*:}; \
+	  $(FUZZ_CC) -DKVT_FUZZ=$$n $(BLAS_CFLAGS) test.c -o $(FUZZ_DIR)/fuzz_$$name $(LIBS) || exit 1; \
+	  $(FUZZ_DIR)/fuzz_$$name -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
+	    -artifact_prefix=$(FUZZ_DIR)/crashes/$$name- $(FUZZ_DIR)/$$name > $(FUZZ_DIR)/$$name.log 2>&1; rc=$$?; \
+	  echo "[fuzz] $$name: $$(grep -c . $(FUZZ_DIR)/$$name.log) log lines, exit $$rc"; \
+	  grep -E "stat::number_of_executed_units|ERROR|SUMMARY|corp:" $(FUZZ_DIR)/$$name.log | tail -3; \
+	  [ $$rc = 0 ] || { echo "[fuzz] $$name: crash saved under $(FUZZ_DIR)/crashes"; exit 1; }; \
+	done
+
+walkthrough: debug
+	bash .ci/walkthrough.sh
 
 # CI has no GPU: this proves the CUDA path still compiles, warning-free.
 nvcc-check:

@@ -213,6 +213,7 @@ static cudaError_t cudaMalloc(void **p, size_t bytes) {
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 static cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+static cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; } /* launches return when done */
 static cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
     (void)kind;
     if (bytes) memcpy(dst, src, bytes);
@@ -286,6 +287,11 @@ static void buf_upload(int gpu, void *dst, const void *src, size_t bytes) {
 static void buf_download(int gpu, void *dst, const void *src, size_t bytes) {
     if (gpu) KVT_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     else if (bytes) memcpy(dst, src, bytes);
+}
+
+/* Wait for the GPU to finish everything launched (for timing). */
+static void kvt_sync(int gpu) {
+    if (gpu) KVT_CUDA(cudaDeviceSynchronize());
 }
 
 /* 1 when GPU kernels can run: a CUDA device, or the emulation. */
@@ -1525,7 +1531,8 @@ kvt_status kvt_forward(kvt_engine *e, kvt_seq *s, const int *tokens, int n, floa
     memcpy(s->tokens + s->len, tokens, (size_t)n * sizeof(int));
     s->len += n;
     if (share) prefix_register(p, s, s->len - n);
-    double dt = kvt_now() - t0; /* downloads above synchronize the GPU */
+    kvt_sync(e->gpu); /* (the logits download has already waited for the GPU) */
+    double dt = kvt_now() - t0;
     if (n == 1) { e->t_decode += dt; e->n_decode++; }
     else { e->t_prefill += dt; e->n_prefill += n; }
     return KVT_OK;
@@ -1991,6 +1998,77 @@ static kvt_status bench_positions(kvt_model *m, const kvt_options *o, int every,
     return st;
 }
 
+/* Attention alone, one query row at position T-1 of a cache filled with random
+ * values (no model run needed to fill it): naive (3 kernels, score row in
+ * memory), fused in one pass, and fused split across blocks + merge. */
+static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FILE *csv) {
+    kvt_options bo = *o;
+    bo.max_rows = 1;
+    bo.prefix_reuse = 0;
+    if (T < 1 || T > m->c.seq_len) return kvt_fail(KVT_EARG, "--bench-ctx %d: must be in [1, TMAX = %d]", T, m->c.seq_len);
+    kvt_engine *e;
+    kvt_status st = kvt_engine_create(&e, m, &bo);
+    if (st != KVT_OK) return st;
+    kvt_pool *p = &e->pool;
+    kvt_seq s;
+    kvt_seq_init(e, &s);
+    if ((st = seq_reserve(p, &s, T, "the benchmark sequence")) != KVT_OK) { kvt_seq_free(e, &s); kvt_engine_free(e); return st; }
+    s.len = T;
+    /* random contents, one chunk at a time: fp32 in [-1, 1), fp16 bits of such floats, int8 in [-127, 127] */
+    size_t eb = kvt_dtype_bytes(p->dtype), cb = p->chunk_elems * eb;
+    char *buf = (char *)kvt_malloc(cb);
+    float *sc = (float *)kvt_malloc(p->chunk_scales * sizeof(float) + 4);
+    uint64_t rs = 7;
+    for (int c = 0; c < p->n_chunks; c++) {
+        for (size_t i = 0; i < p->chunk_elems; i++) {
+            float v = 2.0f * kvt_rng_f32(&rs) - 1.0f;
+            if (p->dtype == KVT_FP32) memcpy(buf + 4 * i, &v, 4);
+            else if (p->dtype == KVT_FP16) { uint16_t h = f32_to_f16(v); memcpy(buf + 2 * i, &h, 2); }
+            else buf[i] = (char)(int)(v * 127.0f);
+        }
+        buf_upload(e->gpu, (char *)p->data + (size_t)c * cb, buf, cb);
+        for (size_t i = 0; i < p->chunk_scales; i++) sc[i] = 1.0f / 127.0f;
+        if (p->scales) buf_upload(e->gpu, p->scales + (size_t)c * p->chunk_scales, sc, p->chunk_scales * sizeof(float));
+    }
+    int NH = m->c.n_heads, D = m->c.dim, tok = 0;
+    float *q = (float *)kvt_malloc((size_t)D * sizeof(float));
+    kvt_fill_uniform(q, (size_t)D, 1.0f, 0.0f, &rs);
+    buf_upload(e->gpu, e->q, q, (size_t)D * sizeof(float));
+    stage_seq(e, 0, &s, 1, T - 1, 0);
+    stage_upload(e, &tok, 1, s.n_table);
+    kvt_kv kv = {p->data, p->scales, (int)p->dtype, p->G, p->CH, p->NKV, p->HS, p->chunk_elems,
+                 e->tables, e->row_tab, e->row_pos, e->row_len};
+    int auto_len, auto_n;
+    attn_split(e, T - 1, &auto_len, &auto_n);
+    if (auto_n == 1) { auto_len = KVT_AUTO_SPLIT < T ? KVT_AUTO_SPLIT : T; auto_n = kvt_cdiv(T, auto_len); }
+    const char *names[3] = {"naive (3 kernels)", "fused, one block per head", "fused, split + merge"};
+    double ms[3];
+    int reps = e->gpu && !KVT_EMULATED ? 50 : 3;
+    for (int v = 0; v < 3; v++) {
+        for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
+            if (r == 0) { kvt_sync(e->gpu); ms[v] = kvt_now(); }
+            if (v == 0) e->op->attention_naive(e->att, e->q, kv, 0, 1, NH, e->scores, m->c.seq_len);
+            else if (v == 1) e->op->attention_fused(e->att, e->q, kv, 0, 1, NH, e->part, T, 1);
+            else e->op->attention_fused(e->att, e->q, kv, 0, 1, NH, e->part, auto_len, auto_n);
+        }
+        kvt_sync(e->gpu);
+        ms[v] = 1e3 * (kvt_now() - ms[v]) / reps;
+    }
+    printf("attention of one query over T = %d cached positions (%s cache, NH %d, NKV %d, HS %d) on %s%s\n", T,
+           kvt_dtype_name(p->dtype), NH, p->NKV, p->HS, e->gpu ? kvt_gpu_name() : "the CPU",
+           e->gpu && KVT_EMULATED ? " (emulated: not GPU timing)" : "");
+    if (csv) fprintf(csv, "variant,T,ms,speedup_vs_naive\n");
+    for (int v = 0; v < 3; v++) {
+        printf("  %-28s %10.4f ms  %6.2fx vs naive%s\n", names[v], ms[v], ms[0] / ms[v], v == 2 ? "" : "");
+        if (csv) fprintf(csv, "%s,%d,%.5f,%.3f\n", names[v], T, ms[v], ms[0] / ms[v]);
+    }
+    printf("  (split: %d pieces of %d positions)\n", auto_n, auto_len);
+    free(buf); free(sc); free(q);
+    kvt_seq_free(e, &s);
+    kvt_engine_free(e);
+    return KVT_OK;
+}
+
 /* Decode throughput against batch size: B sequences at the same position,
  * one kvt_forward_batch per step. Weights are read once per step for all B
  * rows, so tokens/s grows with B until compute, not bandwidth, is the limit. */
@@ -2068,7 +2146,9 @@ static void usage(FILE *f) {
         "  --check                 run CPU and GPU side by side; print the logit difference per step\n"
         "  --ppl FILE              perplexity of a text file (teacher forced, windows of TMAX)\n"
         "  --ppl-from F            start --ppl at this fraction of the file (e.g. 0.9)\n"
-        "  --bench decode|positions|batch   speed vs the bandwidth bound; ms/token vs position; batch sizes\n"
+        "  --bench decode|positions|batch|attention   speed vs the bandwidth bound; ms/token vs position;\n"
+        "                          tokens/s vs batch size; naive vs fused vs split attention\n"
+        "  --bench-ctx T           --bench attention: cached positions (default TMAX)\n"
         "  --bench-every N         --bench positions: step between positions (default 64)\n"
         "  --csv FILE              --bench: also write the table as CSV\n"
         "  -h, --help              this text\n");
@@ -2105,7 +2185,7 @@ static int arg_choice(const char *flag, const char *s, const char *const *names,
 
 typedef struct {
     const char *model, *tokenizer, *prompt, *ppl, *bench, *csv, *prompts;
-    int random, steps, stats, check, group_set, bench_every, fork, prompt_tokens;
+    int random, steps, stats, check, group_set, bench_every, bench_ctx, fork, prompt_tokens;
     kvt_config rc;
     double temperature, topp, ppl_from;
     long seed;
@@ -2115,7 +2195,7 @@ typedef struct {
 static int parse_args(kvt_cli *a, int argc, char **argv) {
     static const char *const onoff[] = {"off", "on"}, *const dtypes[] = {"fp32", "fp16", "int8"},
                              *const attns[] = {"naive", "fused"}, *const devs[] = {"cpu", "gpu"},
-                             *const benches[] = {"decode", "positions", "batch"};
+                             *const benches[] = {"decode", "positions", "batch", "attention"};
     long v;
     int c;
     for (int i = 1; i < argc; i++) {
@@ -2126,7 +2206,7 @@ static int parse_args(kvt_cli *a, int argc, char **argv) {
         static const char *const valued[] = {"-m", "--model", "-z", "--tokenizer", "-i", "--prompt", "--ppl", "--csv",
             "--random", "-n", "--steps", "-t", "--temperature", "-p", "--topp", "-s", "--seed", "--kv-cache", "--chunk",
             "--chunks", "--kv-dtype", "--kv-group", "--attn", "--split", "--device", "--ppl-from", "--bench",
-            "--bench-every", "--prompts", "--fork", "--prompt-tokens", "--prefix-cache"};
+            "--bench-every", "--prompts", "--fork", "--prompt-tokens", "--prefix-cache", "--bench-ctx"};
         int known = 0;
         for (size_t k = 0; k < sizeof(valued) / sizeof(valued[0]); k++) known |= !strcmp(f, valued[k]);
         if (!known) { kvt_fail(KVT_EARG, "unknown flag '%s' (see --help)", f); return 0; }
@@ -2170,7 +2250,8 @@ static int parse_args(kvt_cli *a, int argc, char **argv) {
         else if (!strcmp(f, "--split")) { if (!arg_long(f, s, -1, KVT_LIMIT_SEQ, &v)) return 0; a->o.split_len = (int)v; }
         else if (!strcmp(f, "--device")) { if (!arg_choice(f, s, devs, 2, &c)) return 0; a->o.device = (kvt_device)c; }
         else if (!strcmp(f, "--ppl-from")) { if (!arg_float(f, s, 0, 1, &a->ppl_from)) return 0; }
-        else if (!strcmp(f, "--bench")) { if (!arg_choice(f, s, benches, 3, &c)) return 0; a->bench = benches[c]; }
+        else if (!strcmp(f, "--bench")) { if (!arg_choice(f, s, benches, 4, &c)) return 0; a->bench = benches[c]; }
+        else if (!strcmp(f, "--bench-ctx")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->bench_ctx = (int)v; }
         else if (!strcmp(f, "--bench-every")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->bench_every = (int)v; }
     }
     return 1;
@@ -2457,6 +2538,7 @@ int main(int argc, char **argv) {
         if (a.csv && !(csv = fopen(a.csv, "w"))) kvt_fail(KVT_EIO, "--csv: cannot write '%s'", a.csv);
         else if (!strcmp(a.bench, "decode")) st = bench_decode(&m, &a.o, csv);
         else if (!strcmp(a.bench, "positions")) st = bench_positions(&m, &a.o, a.bench_every, csv);
+        else if (!strcmp(a.bench, "attention")) st = bench_attention(&m, &a.o, a.bench_ctx ? a.bench_ctx : TMAX, csv);
         else st = bench_batch(&m, &a.o, csv);
         if (csv) fclose(csv);
         kvt_model_free(&m);

@@ -501,6 +501,53 @@ static void test_cache_on_off(void) {
     kvt_model_free(&m);
 }
 
+
+/* fp16 and int8 caches against the fp32 cache, end to end. The budget, to
+ * first order: every cached value carries a relative error of at most d
+ * (fp16: 2^-11 of the value; int8: scale/2 = 1/254 of its group's largest
+ * value). K errors move scores by ~d of their size, V errors move the
+ * attention output by ~d of its size; each layer adds one K and one V term
+ * to the residual stream, so the logits move by at most about 2*L*d relative
+ * to their largest value. The run teacher-forces the fp32 run's tokens, so a
+ * single flipped greedy choice cannot derail the comparison. */
+static void test_quantized_e2e(void) {
+    kvt_model m;
+    int L = 2;
+    KVT_ASSERT(kvt_model_random(&m, cfg(64, L, 8, 2, 160, 97, 256), 17) == KVT_OK);
+    int V = 97, np = 7, steps = 60, prompt[7];
+    kvt_fake_tokens(prompt, np, V);
+    int *t32 = (int *)kvt_malloc((np + steps) * sizeof(int));
+    float *l32 = (float *)kvt_malloc((size_t)steps * V * 4), *lq = (float *)kvt_malloc((size_t)steps * V * 4);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    KVT_ASSERT(generate(&m, &o, prompt, np, steps, t32, l32) == KVT_OK);
+    struct { kvt_dtype dt; int G; double d; const char *name; } q[] = {
+        {KVT_FP16, 8, 1.0 / 2048, "fp16"}, {KVT_INT8, 4, 1.0 / 254, "int8 G=4"}, {KVT_INT8, 8, 1.0 / 254, "int8 G=HS=8"}};
+    for (int i = 0; i < 3; i++) {
+        o.kv_dtype = q[i].dt;
+        o.kv_group = q[i].G;
+        kvt_engine *e;
+        kvt_seq s;
+        KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+        kvt_seq_init(e, &s);
+        int agree = 0;
+        for (int k = 0; k < steps; k++) { /* feed the fp32 run's tokens */
+            KVT_ASSERT(kvt_step(e, &s, t32, np + k, lq + (size_t)k * V) == KVT_OK);
+            agree += kvt_argmax(lq + (size_t)k * V, V) == t32[np + k];
+        }
+        char what[128], tol[64];
+        double budget = 2.0 * L * q[i].d;
+        snprintf(what, sizeof(what), "%s cache vs fp32 cache, %d steps (%d/%d greedy choices agree)", q[i].name, steps, agree, steps);
+        snprintf(tol, sizeof(tol), "2*L*d (d = %.3g)", q[i].d);
+        tally(kvt_check(what, lq, l32, (long)steps * V, "step=60,vocab=97", budget, tol));
+        kvt_seq_free(e, &s);
+        kvt_engine_free(e);
+    }
+    free(t32); free(l32); free(lq);
+    kvt_model_free(&m);
+}
+
 /* A prompt in one forward call vs one token at a time: the same logits for
  * every position (kvt_forward with all_logits), also across max_rows pieces. */
 static void test_prefill(void) {
@@ -983,7 +1030,7 @@ static void cli_expect(const char *args, int want_ok, const char *want_text) {
     int rc = pclose(p);
     int ok = (rc == 0) == want_ok && contains(out, want_text);
     char first[200];
-    snprintf(first, sizeof(first), "%s", out);
+    snprintf(first, sizeof(first), "%.199s", out);
     char *nl = strchr(first, '\n');
     if (nl) *nl = '\0';
     expect(ok, "cli '%s': exit %s, says '%s'", args, rc == 0 ? "0" : "non-zero", first);
@@ -1003,7 +1050,7 @@ static void test_cli(void) {
     cli_expect("--random 32,1,4,2,64,50,32 --chunk 4 --chunks 2 -n 20", 0, "KV cache pool exhausted");
     cli_expect("--random 32,1,4,2,64,50,32 -n 5 -t 0 --stats", 1, "[stats] chunks in use");
     cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --stats", 1, "--- sequence 2 (seed 44) ---");
-    cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --chunk 4 --chunks 4", 0, "sequence 0 of the batch");
+    cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --chunk 4 --chunks 4", 0, "of the batch cannot grow");
     cli_expect("--random 32,1,4,2,64,50,32 --fork 2 --kv-cache off", 0, "drop --kv-cache off");
 }
 
@@ -1057,9 +1104,9 @@ static void test_default_model(void) {
 }
 
 /* A synthetic sentencepiece-style vocabulary: byte fallback and BPE merges. */
-static void test_bpe(void) {
-    const char *p = "/tmp/kvt_test_bpe.bin";
+static void write_bpe_tokenizer(const char *p) {
     FILE *f = fopen(p, "wb");
+    KVT_ASSERT(f);
     int maxlen = 6, V = 3 + 256 + 5;
     fwrite(&maxlen, 4, 1, f);
     char piece[16];
@@ -1081,6 +1128,11 @@ static void test_bpe(void) {
         fwrite(piece, 1, (size_t)len, f);
     }
     fclose(f);
+}
+static void test_bpe(void) {
+    const char *p = "/tmp/kvt_test_bpe.bin";
+    int V = 3 + 256 + 5;
+    write_bpe_tokenizer(p);
     kvt_tokenizer tk;
     KVT_ASSERT(kvt_tokenizer_load(&tk, p, V) == KVT_OK);
     int toks[16], n;
@@ -1117,7 +1169,90 @@ static void test_sampler(void) {
            "sampler: top-p 0.7 draws only the two most likely tokens (%d, %d)", counts[1], counts[3]);
 }
 
+
+// ---- fuzzing (make fuzz) ---------------------------------------------------------------------
+/* Seeds for the fuzzers, made here rather than downloaded: a small valid
+ * checkpoint (and a truncated one), a valid tokenizer with byte fallback and
+ * merges, and a few prompts. */
+static void write_bpe_tokenizer(const char *path);
+static void write_fuzz_seeds(const char *dir) {
+    char path[512];
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(8, 1, 2, 1, 16, 11, 8), 1) == KVT_OK);
+    snprintf(path, sizeof(path), "%s/model/valid.bin", dir);
+    KVT_ASSERT(write_checkpoint(path, &m, 0, 0));
+    snprintf(path, sizeof(path), "%s/model/truncated.bin", dir);
+    KVT_ASSERT(write_checkpoint(path, &m, 7, 0));
+    kvt_model_free(&m);
+    snprintf(path, sizeof(path), "%s/tokenizer/bpe.bin", dir); /* the fuzz target reads V from 2 bytes first */
+    write_bpe_tokenizer("/tmp/kvt_seed_tok.bin");
+    FILE *in = fopen("/tmp/kvt_seed_tok.bin", "rb"), *out = fopen(path, "wb");
+    KVT_ASSERT(in && out);
+    fputc((3 + 256 + 5 - 1) & 255, out); /* 1 + (263 % 600) = 264 tokens */
+    fputc((3 + 256 + 5 - 1) >> 8, out);
+    for (int ch; (ch = fgetc(in)) != EOF;) fputc(ch, out);
+    fclose(in);
+    fclose(out);
+    const char *prompts[] = {"abcz", "Hello, world", "\xc3\xa9t\xc3\xa9 \xe2\x82\xac", "ab ab abc", ""};
+    for (int i = 0; i < 5; i++) {
+        snprintf(path, sizeof(path), "%s/prompt/p%d.txt", dir, i);
+        FILE *f = fopen(path, "wb");
+        KVT_ASSERT(f);
+        fputs(prompts[i], f);
+        fclose(f);
+    }
+}
+
+#ifdef KVT_FUZZ
+#include <unistd.h>
+/* libFuzzer entry points; KVT_FUZZ selects the target: 1 checkpoint loader,
+ * 2 tokenizer loader, 3 prompt encoder. Input bytes go through a file, the
+ * way a user's file does. */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static char path[64];
+    if (!path[0]) snprintf(path, sizeof(path), "/tmp/kvt_fuzz_%d.bin", (int)getpid());
+#if KVT_FUZZ == 3
+    static kvt_tokenizer tk;
+    static int ready = 0;
+    if (!ready) {
+        write_bpe_tokenizer(path);
+        KVT_ASSERT(kvt_tokenizer_load(&tk, path, 3 + 256 + 5) == KVT_OK);
+        ready = 1;
+    }
+    char *text = (char *)kvt_malloc(size + 1);
+    memcpy(text, data, size);
+    text[size] = '\0';
+    int *toks = (int *)kvt_malloc((size + 3) * sizeof(int)), n = 0;
+    if (kvt_encode(&tk, text, 1, toks, (int)size + 3, &n) == KVT_OK)
+        for (int i = 1; i < n; i++) KVT_ASSERT(toks[i] >= 0 && toks[i] < tk.vocab_size && kvt_decode(&tk, toks[i - 1], toks[i]));
+    free(text);
+    free(toks);
+#else
+    FILE *f = fopen(path, "wb");
+    KVT_ASSERT(f);
+    size_t skip = KVT_FUZZ == 2 && size >= 2 ? 2 : 0; /* tokenizer: the first 2 bytes pick V */
+    fwrite(data + skip, 1, size - skip, f);
+    fclose(f);
+#if KVT_FUZZ == 1
+    kvt_model m;
+    if (kvt_model_load(&m, path) == KVT_OK) kvt_model_free(&m);
+#else
+    kvt_tokenizer tk;
+    int V = skip ? 1 + (data[0] | data[1] << 8) % 600 : 1;
+    if (kvt_tokenizer_load(&tk, path, V) == KVT_OK) {
+        int toks[64], n;
+        kvt_encode(&tk, "To be, or not to be", 1, toks, 64, &n);
+        kvt_tokenizer_free(&tk);
+    }
+#endif
+#endif
+    return 0;
+}
+#endif
+
+#ifndef KVT_FUZZ
 int main(int argc, char **argv) {
+    if (argc > 2 && !strcmp(argv[1], "--write-fuzz-seeds")) { write_fuzz_seeds(argv[2]); return 0; }
     if (argc > 1) kvt_bin = argv[1];
     setvbuf(stdout, NULL, _IONBF, 0);
     int gpu = kvt_gpu_available();
@@ -1131,6 +1266,7 @@ int main(int argc, char **argv) {
     test_attention(0);
     test_cache_on_off();
     test_prefill();
+    test_quantized_e2e();
     test_fork_cow(0);
     test_batch(0);
     test_fork_sampling();
@@ -1160,3 +1296,4 @@ int main(int argc, char **argv) {
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail ? 1 : 0;
 }
+#endif
