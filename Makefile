@@ -8,6 +8,7 @@
 #   make debug      -O0 -g build (-G for device code) for gdb / cuda-gdb
 #   make walkthrough  run the README's gdb sessions in batch mode (checks them)
 #   make fuzz       libFuzzer on the checkpoint loader, tokenizer loader, prompt encoder
+#   make exercise N=k   check exercise k (README, Exercises); make exercises-selftest
 #   make nvcc-check compile the CUDA build for sm_80 and sm_90 (no GPU needed)
 #   make gpu-check  on a GPU machine: nvcc build, tests and GPU bench in one go
 #   make clean
@@ -52,7 +53,7 @@ endif
 # Barriers of the emulated kernels are far cheaper when idle threads sleep.
 export OMP_WAIT_POLICY ?= passive
 
-.PHONY: all run test test-asan test-valgrind bench debug walkthrough fuzz nvcc-check gpu-check clean deps
+.PHONY: all run test test-asan test-valgrind bench debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
 
 all: deps kvt
 
@@ -125,6 +126,18 @@ fuzz: deps test_kvt
 	  grep -E "stat::number_of_executed_units|ERROR|SUMMARY|corp:" $(FUZZ_DIR)/$$name.log | tail -3; \
 	  [ $$rc = 0 ] || { echo "[fuzz] $$name: crash saved under $(FUZZ_DIR)/crashes"; exit 1; }; \
 	done
+
+# Exercises: test.c holds each exercise's check, built with -DKVT_EXERCISE=N.
+EX_WNO = $(if $(filter nvcc,$(BUILD)),-Xcompiler -Wno-missing-field-initializers,-Wno-missing-field-initializers)
+exercise: deps
+	@test -n "$(N)" || { echo "usage: make exercise N=<1..6>   (README, Exercises)"; exit 2; }
+	@if ! $(COMPILE) $(EX_WNO) -DKVT_EXERCISE=$(N) test.c -o /tmp/kvt_exercise_$(N) $(LIBS) $(LINKX) \
+	    > /tmp/kvt_exercise_$(N).log 2>&1; then \
+	  echo "exercise $(N): not done yet - its check does not compile:"; grep -m 3 "error" /tmp/kvt_exercise_$(N).log; exit 1; fi
+	/tmp/kvt_exercise_$(N)
+
+exercises-selftest:
+	bash exercises/selftest.sh
 
 walkthrough: debug
 	bash .ci/walkthrough.sh

@@ -579,7 +579,9 @@ uint16_t kvt_f32_to_f16(float x) { return f32_to_f16(x); }
 float kvt_f16_to_f32(uint16_t h) { return f16_to_f32(h); }
 float kvt_quantize_group(const float *x, int8_t *q, int g) { return quantize_group(x, q, g); }
 
-static size_t kvt_dtype_bytes(kvt_dtype t) { return t == KVT_FP32 ? 4 : t == KVT_FP16 ? 2 : 1; }
+/* Bits per stored value, and bytes of n values (n even: a 4-bit type would pack two per byte). */
+static size_t kvt_dtype_bits(kvt_dtype t) { return t == KVT_FP32 ? 32 : t == KVT_FP16 ? 16 : 8; }
+static size_t kvt_dtype_size(kvt_dtype t, size_t n) { return n * kvt_dtype_bits(t) / 8; }
 static const char *kvt_dtype_name(kvt_dtype t) { return t == KVT_FP32 ? "fp32" : t == KVT_FP16 ? "fp16" : "int8"; }
 
 // §6 the KV chunk pool, sequences ---------------------------------------------
@@ -604,7 +606,7 @@ static kvt_status pool_init(kvt_pool *p, int gpu, int L, int NKV, int HS, int CH
     p->dtype = dt; p->G = G; p->on_device = gpu;
     p->chunk_elems = (size_t)L * 2 * CH * NKV * HS;
     p->chunk_scales = dt == KVT_INT8 ? p->chunk_elems / (size_t)G : 0;
-    kvt_status st = buf_alloc(gpu, &p->data, p->chunk_elems * kvt_dtype_bytes(dt) * (size_t)n_chunks,
+    kvt_status st = buf_alloc(gpu, &p->data, kvt_dtype_size(dt, p->chunk_elems) * (size_t)n_chunks,
                               "the KV cache pool");
     if (st == KVT_OK && dt == KVT_INT8) {
         void *s;
@@ -649,7 +651,7 @@ static void pool_release(kvt_pool *p, int id) {
 }
 /* Copy chunk src into chunk dst (data and scales), on whichever device holds them. */
 static void pool_copy_chunk(kvt_pool *p, int dst, int src) {
-    size_t eb = p->chunk_elems * kvt_dtype_bytes(p->dtype), sb = p->chunk_scales * sizeof(float);
+    size_t eb = kvt_dtype_size(p->dtype, p->chunk_elems), sb = p->chunk_scales * sizeof(float);
     char *d = (char *)p->data;
     if (p->on_device) KVT_CUDA(cudaMemcpy(d + (size_t)dst * eb, d + (size_t)src * eb, eb, cudaMemcpyDeviceToDevice));
     else memcpy(d + (size_t)dst * eb, d + (size_t)src * eb, eb);
@@ -1616,7 +1618,7 @@ void kvt_cache_usage_of(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs, k
     for (int c = 0; c < p->n_chunks; c++)
         if (fill[c]) { u->chunks_used++; u->slots_unused += p->CH - fill[c]; }
     free(fill);
-    u->bits_per_value = p->dtype == KVT_INT8 ? 8.0 + 32.0 / p->G : 8.0 * (double)kvt_dtype_bytes(p->dtype);
+    u->bits_per_value = (double)kvt_dtype_bits(p->dtype) + (p->scales ? 32.0 / p->G : 0.0); /* + a scale per G */
     double chunk_bytes = (double)p->chunk_elems * u->bits_per_value / 8.0;
     u->slots_allocated = (long)u->chunks_used * p->CH;
     u->bytes_used = chunk_bytes * u->chunks_used;
@@ -1629,12 +1631,12 @@ void kvt_cache_read(kvt_engine *e, const kvt_seq *s, int l, int which, int pos, 
     int KVD = p->NKV * p->HS;
     kvt_kv kv = {p->data, p->scales, (int)p->dtype, p->G, p->CH, p->NKV, p->HS, p->chunk_elems,
                  s->table, NULL, NULL, NULL};
-    size_t i = kv_index(&kv, l, which, 0, pos, 0), eb = kvt_dtype_bytes(p->dtype);
+    size_t i = kv_index(&kv, l, which, 0, pos, 0);
     char raw[KVT_MAX_HS * 4 * 64];
     float sc[KVT_MAX_HS * 64];
-    KVT_ASSERT((size_t)KVD * eb <= sizeof(raw));
-    buf_download(e->gpu, raw, (char *)p->data + i * eb, (size_t)KVD * eb);
-    if (p->dtype == KVT_INT8) buf_download(e->gpu, sc, p->scales + i / p->G, (size_t)(KVD / p->G) * sizeof(float));
+    KVT_ASSERT(kvt_dtype_size(p->dtype, (size_t)KVD) <= sizeof(raw));
+    buf_download(e->gpu, raw, (char *)p->data + kvt_dtype_size(p->dtype, i), kvt_dtype_size(p->dtype, (size_t)KVD));
+    if (p->scales) buf_download(e->gpu, sc, p->scales + i / p->G, (size_t)(KVD / p->G) * sizeof(float));
     kvt_kv host = kv; /* the downloaded slot as a tiny cache of its own (i is a multiple of G) */
     host.data = raw;
     host.scales = sc;
@@ -2015,7 +2017,7 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
     if ((st = seq_reserve(p, &s, T, "the benchmark sequence")) != KVT_OK) { kvt_seq_free(e, &s); kvt_engine_free(e); return st; }
     s.len = T;
     /* random contents, one chunk at a time: fp32 in [-1, 1), fp16 bits of such floats, int8 in [-127, 127] */
-    size_t eb = kvt_dtype_bytes(p->dtype), cb = p->chunk_elems * eb;
+    size_t cb = kvt_dtype_size(p->dtype, p->chunk_elems);
     char *buf = (char *)kvt_malloc(cb);
     float *sc = (float *)kvt_malloc(p->chunk_scales * sizeof(float) + 4);
     uint64_t rs = 7;
@@ -2024,7 +2026,7 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
             float v = 2.0f * kvt_rng_f32(&rs) - 1.0f;
             if (p->dtype == KVT_FP32) memcpy(buf + 4 * i, &v, 4);
             else if (p->dtype == KVT_FP16) { uint16_t h = f32_to_f16(v); memcpy(buf + 2 * i, &h, 2); }
-            else buf[i] = (char)(int)(v * 127.0f);
+            else if (i < cb) buf[i] = (char)(int)(v * 127.0f); /* int8 (or any byte-packed type) */
         }
         buf_upload(e->gpu, (char *)p->data + (size_t)c * cb, buf, cb);
         for (size_t i = 0; i < p->chunk_scales; i++) sc[i] = 1.0f / 127.0f;
@@ -2545,7 +2547,7 @@ int main(int argc, char **argv) {
         return a.csv && !csv ? cli_fail("") : st == KVT_OK ? 0 : cli_fail("");
     }
     kvt_tokenizer tk, *tkp = NULL;
-    int **prompts = NULL, *np = NULL, n_prompts = 1;
+    int **prompts = NULL, *np = NULL, n_prompts = 1, longest = 0, n_seqs = 1;
     kvt_engine *e = NULL;
     if (!a.random) {
         if ((st = kvt_tokenizer_load(&tk, a.tokenizer, V)) != KVT_OK) { kvt_model_free(&m); return cli_fail(""); }
@@ -2572,7 +2574,6 @@ int main(int argc, char **argv) {
         else { np[0] = a.prompt_tokens; prompts[0][0] = KVT_BOS % V; kvt_fake_tokens(prompts[0] + 1, np[0] - 1, V); }
         if (st != KVT_OK) { cli_fail("prompt: "); kvt_errbuf[0] = '\0'; goto done; }
     }
-    int longest = 0;
     for (int i = 0; i < n_prompts; i++) longest = np[i] > longest ? np[i] : longest;
     if (a.steps < 0) a.steps = TMAX - longest < 256 ? TMAX - longest : 256;
     if (longest + a.steps > TMAX) {
@@ -2580,7 +2581,7 @@ int main(int argc, char **argv) {
                  n_prompts > 1 ? "longest " : "", longest, TMAX - longest, TMAX);
         goto done;
     }
-    int n_seqs = a.fork > 1 ? a.fork : n_prompts;
+    n_seqs = a.fork > 1 ? a.fork : n_prompts;
     if (n_seqs > 1) {
         if (!a.o.kv_cache) { kvt_fail(KVT_EARG, "--prompts and --fork decode with the cache: drop --kv-cache off"); goto done; }
         if (a.check) { kvt_fail(KVT_EARG, "--check runs one sequence: drop --prompts/--fork"); goto done; }

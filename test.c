@@ -275,6 +275,18 @@ static void test_int8_group(void) {
 
 typedef struct { int NH, NKV, HS, CH, TMAX, T, n; kvt_dtype dt; int G; } acase;
 
+/* Exercises 1 and 2 (README, "Exercises") add an attention window: the
+ * reference below follows it when this file is built for those checks. */
+#if defined(KVT_EXERCISE) && (KVT_EXERCISE == 1 || KVT_EXERCISE == 2)
+static int ex_window, ex_sinks;
+#endif
+static int ref_visible(int t, int p) {
+#if defined(KVT_EXERCISE) && (KVT_EXERCISE == 1 || KVT_EXERCISE == 2)
+    if (ex_window > 0 && !(t < ex_sinks || t > p - ex_window)) return 0;
+#endif
+    return t <= p;
+}
+
 /* Build a cache of T positions for layer 1 of a 2-layer pool (layer 0 holds
  * other values, to catch layer mix-ups), with chunks taken in a scrambled
  * order, then run one attention implementation for the last n positions.
@@ -306,6 +318,10 @@ static void attn_run(const acase *c, int gpu, int impl, int split_len, float *ou
     float *dK = (float *)dev_copy(gpu, K, (size_t)c->T * KVD * 4), *dV = (float *)dev_copy(gpu, V, (size_t)c->T * KVD * 4);
     float *dK0 = (float *)dev_copy(gpu, K0, (size_t)c->T * KVD * 4);
     kvt_kv kv = {p.data, p.scales, (int)p.dtype, p.G, p.CH, c->NKV, c->HS, p.chunk_elems, d_tables, d_tab, d_pos, d_len};
+#if defined(KVT_EXERCISE) && (KVT_EXERCISE == 1 || KVT_EXERCISE == 2)
+    kv.window = ex_window;
+    kv.sinks = ex_sinks;
+#endif
     if (gpu) { kv_write_gpu(kv, dK0, dK0, 0, c->T); kv_write_gpu(kv, dK, dV, 1, c->T); }
     else { kv_write_cpu(kv, dK0, dK0, 0, c->T); kv_write_cpu(kv, dK, dV, 1, c->T); }
     /* queries: the last n positions */
@@ -355,6 +371,7 @@ static void attn_ref(const acase *c, const float *K, const float *V, float *out)
             double mx = -INFINITY, z = 0;
             for (int t = 0; t <= p; t++) {
                 double d = 0;
+                if (!ref_visible(t, p)) { s[t] = -INFINITY; continue; }
                 for (int ch = 0; ch < c->HS; ch++) d += (double)q[((size_t)r * c->NH + h) * c->HS + ch] * K[(size_t)t * KVD + kh * c->HS + ch];
                 s[t] = d / sqrt((double)c->HS);
                 mx = fmax(mx, s[t]);
@@ -1170,6 +1187,212 @@ static void test_sampler(void) {
 }
 
 
+
+// ---- exercise checks (make exercise N=k) --------------------------------------------------------
+/* Each check uses what the exercise adds (an option, a dtype, a kernel), so
+ * before the exercise is done it does not compile, and after it must pass.
+ * Reference solutions: exercises/N-*.patch (make exercises-selftest). */
+#ifdef KVT_EXERCISE
+#if KVT_EXERCISE == 1 /* sliding window + attention sinks */
+static void exercise_check(void) {
+    int ws[][2] = {{8, 0}, {5, 3}, {1, 1}, {300, 2}};
+    acase cases[] = {{4, 2, 16, 3, 64, 40, 5, KVT_FP32, 16}, {4, 2, 32, 5, 64, 60, 3, KVT_INT8, 8},
+                     {2, 1, 64, 16, 256, 200, 2, KVT_FP16, 64}};
+    for (int w = 0; w < 4; w++)
+        for (int i = 0; i < 3; i++) {
+            acase *c = &cases[i];
+            ex_window = ws[w][0];
+            ex_sinks = ws[w][1];
+            size_t no = (size_t)c->n * c->NH * c->HS, nkv = (size_t)c->T * c->NKV * c->HS;
+            float *K = (float *)kvt_malloc(nkv * 4), *V = (float *)kvt_malloc(nkv * 4), *ref = (float *)kvt_malloc(no * 4);
+            float *got = (float *)kvt_malloc(no * 4);
+            attn_run(c, 0, 0, 0, got, K, V);
+            attn_ref(c, K, V, ref);
+            for (int gpu = 0; gpu < 1 + kvt_gpu_available(); gpu++)
+                for (int mode = 0; mode < 3; mode++) {
+                    attn_run(c, gpu, mode > 0, mode == 2 ? 16 : 0, got, NULL, NULL);
+                    char what[160];
+                    snprintf(what, sizeof(what), "exercise 1: %s %s, window %d, sinks %d, T %d, %s", gpu ? "gpu" : "cpu",
+                             mode == 0 ? "naive" : mode == 1 ? "fused" : "fused split 16", ex_window, ex_sinks, c->T,
+                             kvt_dtype_name(c->dt));
+                    tally(kvt_check(what, got, ref, (long)no, "row=64,head=64,ch=1024", TOL_ATTN, "TOL_ATTN"));
+                }
+            free(K); free(V); free(ref); free(got);
+        }
+}
+#elif KVT_EXERCISE == 2 /* evict chunks that left the window */
+static void exercise_check(void) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 2, 4, 2, 64, 53, 128), 18) == KVT_OK);
+    int V = 53, np = 8, steps = 100, prompt[8], t_big[108], t_small[108];
+    kvt_fake_tokens(prompt, np, V);
+    float *big = (float *)kvt_malloc((size_t)steps * V * 4), *small = (float *)kvt_malloc((size_t)steps * V * 4);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.CH = 4;
+    o.window = 24;
+    o.sinks = 4;
+    o.prefix_reuse = 0;
+    KVT_ASSERT(generate(&m, &o, prompt, np, steps, t_big, big) == KVT_OK); /* pool of 32 chunks */
+    for (int gpu = 0; gpu < 1 + kvt_gpu_available(); gpu++) {
+        o.device = gpu ? KVT_GPU : KVT_CPU;
+        o.n_chunks = 9; /* 36 positions for a sequence of 108: 1 sink chunk + 6 window + 2 in flight */
+        kvt_status st = generate(&m, &o, prompt, np, steps, t_small, small);
+        expect(st == KVT_OK, "exercise 2 (%s): 108 positions run in a pool of 9 chunks of 4: %s", gpu ? "gpu" : "cpu",
+               st == KVT_OK ? "ok" : kvt_last_error());
+        if (st != KVT_OK) continue;
+        int ok = kvt_check(gpu ? "exercise 2: small pool (gpu) vs large pool (cpu), logits" : "exercise 2: small pool vs large pool, logits",
+                           small, big, (long)steps * V, "step=100,vocab=53", gpu ? KVT_TOL_GPU : TOL_E2E, gpu ? "KVT_TOL_GPU" : "TOL_E2E");
+        tally(ok && !memcmp(t_small, t_big, sizeof(t_big)));
+    }
+    free(big); free(small);
+    kvt_model_free(&m);
+}
+#elif KVT_EXERCISE == 3 /* a 4-bit cache */
+static void exercise_check(void) {
+    acase cases[] = {{4, 2, 16, 3, 64, 29, 5, KVT_INT4, 8}, {4, 2, 32, 16, 64, 47, 2, KVT_INT4, 32}};
+    for (int i = 0; i < 2; i++) {
+        acase *c = &cases[i];
+        size_t no = (size_t)c->n * c->NH * c->HS, nkv = (size_t)c->T * c->NKV * c->HS;
+        float *K = (float *)kvt_malloc(nkv * 4), *V = (float *)kvt_malloc(nkv * 4), *ref = (float *)kvt_malloc(no * 4);
+        float *got = (float *)kvt_malloc(no * 4), *Kg = (float *)kvt_malloc(nkv * 4), *Vg = (float *)kvt_malloc(nkv * 4);
+        float *K32 = frand(nkv, 1.0f, 21);
+        attn_run(c, 0, 0, 0, got, K, V);
+        double worst = 0; /* inputs are in [-1, 1): |x - scale*q| <= scale/2 <= 1/14 */
+        for (size_t j = 0; j < nkv; j++) worst = fmax(worst, fabs((double)K[j] - K32[j]));
+        expect(worst <= 1.0 / 14 * 1.0001, "exercise 3: int4 K within scale/2 <= 1/14 of the input (max %.4f), G=%d", worst, c->G);
+        attn_ref(c, K, V, ref);
+        for (int gpu = 0; gpu < 1 + kvt_gpu_available(); gpu++)
+            for (int impl = 0; impl < 2; impl++) {
+                attn_run(c, gpu, impl, 0, got, gpu ? Kg : NULL, gpu ? Vg : NULL);
+                char what[128];
+                snprintf(what, sizeof(what), "exercise 3: int4 attention %s %s vs float64 on the stored values, G=%d",
+                         gpu ? "gpu" : "cpu", impl ? "fused" : "naive", c->G);
+                tally(kvt_check(what, got, ref, (long)no, "row=8,head=4,ch=32", TOL_ATTN, "TOL_ATTN"));
+            }
+        if (kvt_gpu_available()) expect(!memcmp(K, Kg, nkv * 4) && !memcmp(V, Vg, nkv * 4), "exercise 3: gpu stores the cpu's int4 values");
+        free(K); free(V); free(ref); free(got); free(Kg); free(Vg); free(K32);
+    }
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(64, 2, 4, 2, 160, 97, 128), 17) == KVT_OK);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.kv_dtype = KVT_INT4;
+    o.kv_group = 16;
+    kvt_engine *e;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    kvt_seq s;
+    kvt_seq_init(e, &s);
+    int toks[20];
+    float lg[97];
+    kvt_fake_tokens(toks, 20, 97);
+    KVT_ASSERT(kvt_forward(e, &s, toks, 20, lg, 0) == KVT_OK);
+    const kvt_seq *live = &s;
+    kvt_cache_usage u;
+    kvt_cache_usage_of(e, &live, 1, &u);
+    expect(u.bits_per_value == 4.0 + 32.0 / 16, "exercise 3: --stats counts %.2f bits per value (4 + 32/G = 6)", u.bits_per_value);
+    kvt_seq_free(e, &s);
+    kvt_engine_free(e);
+    kvt_model_free(&m);
+}
+#elif KVT_EXERCISE == 4 /* the naive softmax as one warp with shuffles */
+static void exercise_check(void) {
+    int n = 3, NH = 2, TMAX = 70, lens[3] = {1, 33, 70};
+    float *sc = frand((size_t)n * NH * TMAX, 6.0f, 31), *want = (float *)kvt_malloc((size_t)n * NH * TMAX * 4);
+    for (int r = 0; r < n; r++)
+        for (int h = 0; h < NH; h++) {
+            float *row = sc + ((size_t)r * NH + h) * TMAX, *w = want + ((size_t)r * NH + h) * TMAX;
+            if (lens[r] > 2) row[lens[r] - 2] = -INFINITY; /* a masked position */
+            double mx = -INFINITY, z = 0;
+            for (int t = 0; t < lens[r]; t++) mx = fmax(mx, row[t]);
+            for (int t = 0; t < lens[r]; t++) z += exp(row[t] - mx);
+            for (int t = 0; t < TMAX; t++) w[t] = t < lens[r] ? (float)(exp(row[t] - mx) / z) : row[t];
+        }
+    int gpu = 1;
+    float *d = (float *)dev_copy(gpu, sc, (size_t)n * NH * TMAX * 4);
+    int *dlen = (int *)dev_copy(gpu, lens, sizeof(lens));
+    kvt_kv kv;
+    memset(&kv, 0, sizeof(kv));
+    kv.row_len = dlen;
+    KVT_LAUNCH(attn_softmax_warp_kernel, NH, n, 32, d, kv, NH, TMAX);
+    float *got = to_host(gpu, d, (size_t)n * NH * TMAX);
+    tally(kvt_check("exercise 4: attn_softmax_warp_kernel vs float64 softmax", got, want, (long)n * NH * TMAX,
+                    "row=3,head=2,pos=70", TOL_OP, "TOL_OP"));
+    buf_free(gpu, d); buf_free(gpu, dlen);
+    free(sc); free(want); free(got);
+    test_attention(1); /* and the naive attention that now uses it */
+}
+#elif KVT_EXERCISE == 5 /* top-k sampling */
+static void exercise_check(void) {
+    float lg[6] = {1, 5, 2, 4.9f, 0, -1}, tmp[6];
+    int counts[6] = {0}, a[200], b[200];
+    kvt_sampler s;
+    kvt_sampler_init(&s, 6, 1.0f, 1.0f, 3);
+    s.topk = 2;
+    for (int i = 0; i < 3000; i++) { memcpy(tmp, lg, sizeof(lg)); counts[kvt_sample(&s, tmp, 6)]++; }
+    kvt_sampler_free(&s);
+    expect(counts[0] + counts[2] + counts[4] + counts[5] == 0 && counts[1] > 1200 && counts[3] > 1200,
+           "exercise 5: top-k 2 draws only the 2 most likely tokens, about evenly (%d, %d)", counts[1], counts[3]);
+    kvt_sampler_init(&s, 6, 1.0f, 1.0f, 3);
+    s.topk = 1;
+    int all_top = 1;
+    for (int i = 0; i < 200; i++) { memcpy(tmp, lg, sizeof(lg)); all_top &= kvt_sample(&s, tmp, 6) == 1; }
+    kvt_sampler_free(&s);
+    expect(all_top, "exercise 5: top-k 1 is greedy");
+    for (int rep = 0; rep < 2; rep++) { /* top-k 0 (off) keeps the old behaviour exactly */
+        kvt_sampler_init(&s, 6, 1.0f, 0.9f, 5);
+        s.topk = rep ? 0 : s.topk;
+        for (int i = 0; i < 200; i++) { memcpy(tmp, lg, sizeof(lg)); (rep ? b : a)[i] = kvt_sample(&s, tmp, 6); }
+        kvt_sampler_free(&s);
+    }
+    expect(!memcmp(a, b, sizeof(a)), "exercise 5: top-k 0 changes nothing");
+}
+#elif KVT_EXERCISE == 6 /* measure where the cache wins by 10x */
+static void exercise_check(void) {
+    const char *ans = getenv("KVT_ANSWER");
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(16, 1, 2, 1, 32, 20, 256), 19) == KVT_OK);
+    kvt_options on, off;
+    kvt_options_default(&on);
+    on.device = KVT_CPU;
+    on.prefix_reuse = 0;
+    off = on;
+    off.kv_cache = 0;
+    int toks[256], positions[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 250}, np = 16, cross = -1;
+    float lg[20];
+    kvt_fake_tokens(toks, 256, 20);
+    printf("exercise 6: ms per step on the CPU, model --random 16,1,2,1,32,20,256\n%8s %10s %10s\n", "position", "cache on", "cache off");
+    for (int i = 0; i < np; i++) {
+        int T = positions[i];
+        double best[2] = {1e9, 1e9};
+        for (int c = 0; c < 2; c++)
+            for (int rep = 0; rep < 7; rep++) {
+                kvt_engine *e;
+                kvt_seq s;
+                KVT_ASSERT(kvt_engine_create(&e, &m, c ? &off : &on) == KVT_OK);
+                kvt_seq_init(e, &s);
+                if (c == 0 && T > 1) KVT_ASSERT(kvt_forward(e, &s, toks, T - 1, lg, 0) == KVT_OK);
+                double t0 = kvt_now();
+                KVT_ASSERT(kvt_step(e, &s, toks, T, lg) == KVT_OK);
+                best[c] = fmin(best[c], kvt_now() - t0);
+                kvt_seq_free(e, &s);
+                kvt_engine_free(e);
+            }
+        printf("%8d %10.4f %10.4f\n", T, 1e3 * best[0], 1e3 * best[1]);
+        if (best[0] * 10 < best[1]) { if (cross < 0) cross = T; } /* the cache wins by 10x */
+        else cross = -1;
+    }
+    printf("measured: from position %d on, the cached step is more than 10x faster than recomputing\n", cross);
+    int guess = ans ? atoi(ans) : -1;
+    expect(ans && cross > 0 && guess >= cross / 2 && guess <= cross * 2,
+           "exercise 6: your answer KVT_ANSWER=%s is within a factor 2 of the measured crossover %d", ans ? ans : "(unset)", cross);
+    kvt_model_free(&m);
+}
+#endif
+#endif
+
 // ---- fuzzing (make fuzz) ---------------------------------------------------------------------
 /* Seeds for the fuzzers, made here rather than downloaded: a small valid
  * checkpoint (and a truncated one), a valid tokenizer with byte fallback and
@@ -1255,6 +1478,12 @@ int main(int argc, char **argv) {
     if (argc > 2 && !strcmp(argv[1], "--write-fuzz-seeds")) { write_fuzz_seeds(argv[2]); return 0; }
     if (argc > 1) kvt_bin = argv[1];
     setvbuf(stdout, NULL, _IONBF, 0);
+#ifdef KVT_EXERCISE
+    printf("exercise %d check; GPU kernels run on: %s\n", KVT_EXERCISE, kvt_gpu_available() ? kvt_gpu_name() : "nothing");
+    exercise_check();
+    printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    return n_fail || !n_pass ? 1 : 0;
+#endif
     int gpu = kvt_gpu_available();
     printf("kvtransformer tests; GPU kernels run on: %s\n", gpu ? kvt_gpu_name() : "nothing (no CUDA device)");
     test_rmsnorm(0);
