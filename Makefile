@@ -4,7 +4,8 @@
 #   make test       build and run the test suite (./test_kvt)
 #   make test-asan  the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-valgrind   memcheck on a short generation
-#   make bench      speed figures of this machine (also writes bench_*.csv)
+#   make bench      speed figures of this machine (tables; CSV and a plot in bench/)
+#   make ppl CORPUS=file   perplexity of the default model per cache type
 #   make debug      -O0 -g build (-G for device code) for gdb / cuda-gdb
 #   make walkthrough  run the README's gdb sessions in batch mode (checks them)
 #   make fuzz       libFuzzer on the checkpoint loader, tokenizer loader, prompt encoder
@@ -53,7 +54,7 @@ endif
 # Barriers of the emulated kernels are far cheaper when idle threads sleep.
 export OMP_WAIT_POLICY ?= passive
 
-.PHONY: all run test test-asan test-valgrind bench debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
+.PHONY: ppl all run test test-asan test-valgrind bench debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
 
 all: deps kvt
 
@@ -89,17 +90,45 @@ ASAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize
 test-asan: deps
 	$(CC) $(C_ALL) $(ASAN) kvtransformer.cu -o kvt-asan $(LIBS)
 	$(CC) $(C_ALL) $(ASAN) test.c -o test_kvt-asan $(LIBS)
-	ASAN_OPTIONS=detect_leaks=1 ./test_kvt-asan ./kvt-asan
+	ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 ./test_kvt-asan ./kvt-asan
 
+VALGRIND = valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite
 test-valgrind: deps kvt
-	valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
-	  ./kvt -n 32 --stats
-	valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
-	  ./kvt --random 64,2,4,2,128,100,64 -n 16 --kv-dtype int8 --chunk 3 --device gpu --check
+	$(VALGRIND) ./kvt -n 32 --stats
+	$(VALGRIND) ./kvt --random 64,2,4,2,128,100,64 -n 16 --kv-dtype int8 --chunk 3 --device gpu --check
+	$(VALGRIND) ./kvt --random 64,2,4,2,128,100,128 --prompt-tokens 40 --fork 3 -n 10 --chunk 4 --stats
+	$(VALGRIND) ./kvt --bogus; test $$? = 1
+	@echo "[make] valgrind: no errors, no definitely lost bytes"
 
+# The measurements in README.md, on this machine: tables on stdout, CSV (and a
+# PNG plot when gnuplot is installed) in bench/.
+B15 = --random 288,6,6,6,768,32000,1024
 bench: deps kvt
-	./kvt --random 768,12,12,12,2048,32000,1024 --bench decode --csv bench_decode_110m.csv
-	./kvt --random 288,6,6,6,768,32000,1024 --bench positions --bench-every 64 --csv bench_positions_15m.csv
+	@mkdir -p bench
+	./kvt --random 768,12,12,12,2048,32000,1024 --bench decode --csv bench/decode_110m.csv
+	for dt in fp32 fp16 int8; do \
+	  ./kvt $(B15) --bench positions --bench-every 64 --kv-dtype $$dt --csv bench/positions_$$dt.csv || exit 1; done
+	./kvt $(B15) --bench stages --bench-ctx 1000 --csv bench/stages.csv
+	./kvt $(B15) --bench batch --csv bench/batch.csv
+	./kvt --random 512,1,8,2,1024,100,4096 --bench attention --bench-ctx 4096 --csv bench/attention_4096.csv
+	./kvt $(B15) --prompt-tokens 400 --fork 8 -n 100 --chunk 16 --stats -t 0.8 2>&1 >/dev/null | grep stats | tee bench/fork8.txt
+	./kvt $(B15) --prompt-tokens 400 --fork 8 -n 100 --chunk 16 --stats -t 0.8 --fork-share off 2>&1 >/dev/null | grep stats | tee bench/fork8_independent.txt
+	@if command -v gnuplot >/dev/null; then gnuplot -e "set terminal png size 800,500; set output 'bench/positions.png'; \
+	  set datafile separator ','; set key left top; set logscale y; set xlabel 'position'; set ylabel 'ms per generated token'; \
+	  set title 'stories15M shape on the CPU: cache off vs on, by cache type'; \
+	  plot 'bench/positions_fp32.csv' using 1:3 skip 1 with linespoints title 'cache off', \
+	  'bench/positions_fp32.csv' using 1:2 skip 1 with linespoints title 'cache on, fp32', \
+	  'bench/positions_fp16.csv' using 1:2 skip 1 with linespoints title 'cache on, fp16', \
+	  'bench/positions_int8.csv' using 1:2 skip 1 with linespoints title 'cache on, int8'" && echo "[make] wrote bench/positions.png"; \
+	else echo "[make] gnuplot not installed (apt-get install gnuplot-nox): no plot"; fi
+
+# Perplexity of the default model per cache type (needs the corpus, e.g.
+# make ppl CORPUS=../shared/data/tinyshakespeare.txt): the held-out last 10%.
+CORPUS ?=
+ppl: deps kvt
+	@test -n "$(CORPUS)" || { echo "usage: make ppl CORPUS=path/to/tinyshakespeare.txt"; exit 2; }
+	for o in "fp32" "fp16" "int8 --kv-group 16" "int8 --kv-group 32" "int8 --kv-group 64" "int8 --kv-group 8"; do \
+	  echo "--kv-dtype $$o:"; ./kvt --ppl $(CORPUS) --ppl-from 0.9 --kv-dtype $$o || exit 1; done
 
 debug: deps
 ifeq ($(BUILD),nvcc)
@@ -152,7 +181,10 @@ nvcc-check:
 # The prepared device script: build with nvcc, test on the GPU, benchmark.
 gpu-check:
 	$(MAKE) clean && $(MAKE) BUILD=nvcc test
-	./kvt --random 4096,32,32,32,11008,32000,4096 --bench decode --csv bench_gpu_decode_7b.csv
+	@mkdir -p bench
+	./kvt --random 4096,32,32,32,11008,32000,4096 --bench decode --csv bench/gpu_decode_7b.csv
+	./kvt --random 4096,1,32,32,11008,32000,16384 --bench attention --bench-ctx 4096 --csv bench/gpu_attention_4096.csv
+	./kvt --random 4096,1,32,32,11008,32000,16384 --bench attention --bench-ctx 16384 --csv bench/gpu_attention_16k.csv
 
 clean:
-	rm -f kvt test_kvt kvt-asan test_kvt-asan bench_*.csv
+	rm -f kvt test_kvt kvt-asan test_kvt-asan

@@ -124,12 +124,6 @@ static void kvt_launch_check(const char *name, const char *file, int line) {
         kernel<<<dim3((gx), (gy)), (bx)>>>(__VA_ARGS__);                      \
         kvt_launch_check(#kernel, __FILE__, __LINE__);                        \
     } while (0)
-#define KVT_CUDA(call)                                                        \
-    do {                                                                      \
-        cudaError_t err_ = (call);                                            \
-        if (err_ != cudaSuccess)                                              \
-            kvt_fatal(__FILE__, __LINE__, "%s: %s", #call, cudaGetErrorString(err_)); \
-    } while (0)
 #define KVT_EMULATED 0
 
 #else /* ---- the emulation: plain C + OpenMP ---- */
@@ -220,13 +214,16 @@ static cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemc
     return cudaSuccess;
 }
 static const char *cudaGetErrorString(cudaError_t e) { return e ? "out of memory" : "no error"; }
+#endif
+
+/* Every CUDA runtime call goes through this: a failure is a bug or a broken
+ * device, so it stops with the call's text and CUDA's reason. */
 #define KVT_CUDA(call)                                                        \
     do {                                                                      \
         cudaError_t err_ = (call);                                            \
         if (err_ != cudaSuccess)                                              \
             kvt_fatal(__FILE__, __LINE__, "%s: %s", #call, cudaGetErrorString(err_)); \
     } while (0)
-#endif
 
 /* Sum (op 0) or max (op 1) of one value per thread over the whole block; every
  * thread gets the result. Warp step: a butterfly of 5 shuffles leaves the warp's
@@ -329,6 +326,10 @@ static const char *kvt_gpu_name(void) {
 #define KVT_LIMIT_VOCAB (1 << 22)
 #define KVT_LIMIT_SEQ (1 << 20)
 
+/* Every header field is checked against a range before it is used for any
+ * arithmetic: a garbage header (a random file, a text file, another format)
+ * then fails here, with the field named, instead of asking for terabytes.
+ * The limits are far above any real model (Llama-2-70B: dim 8192, 80 layers). */
 kvt_status kvt_config_check(const kvt_config *c) {
     struct { const char *name; long v, lo, hi; } f[] = {
         {"dim", c->dim, 1, KVT_LIMIT_DIM},
@@ -356,6 +357,8 @@ kvt_status kvt_config_check(const kvt_config *c) {
 }
 
 /* Number of floats after the header, in 64-bit arithmetic. */
+/* Sizes fit easily in 64 bits after kvt_config_check: at most
+ * 2^22 * 2^16 (embedding) + 2^10 * 16 * 2^32 (layers) floats < 2^47. */
 static size_t kvt_checkpoint_floats(const kvt_config *c, int shared) {
     size_t D = (size_t)c->dim, HD = (size_t)c->hidden_dim, L = (size_t)c->n_layers;
     size_t V = (size_t)labs((long)c->vocab_size), HS = D / (size_t)c->n_heads;
@@ -370,6 +373,8 @@ static size_t kvt_checkpoint_floats(const kvt_config *c, int shared) {
     return shared ? n : n + V * D;          /* wcls */
 }
 
+/* Point each weight at its place in one buffer, in the file's order. The
+ * same function maps the host copy and the device copy (same layout). */
 static void kvt_weights_map(kvt_weights *w, float *p, const kvt_config *c, int shared) {
     size_t D = (size_t)c->dim, HD = (size_t)c->hidden_dim, L = (size_t)c->n_layers;
     size_t V = (size_t)c->vocab_size, HS = D / (size_t)c->n_heads;
@@ -389,6 +394,7 @@ static void kvt_weights_map(kvt_weights *w, float *p, const kvt_config *c, int s
     w->wcls = shared ? w->token_embedding : p;
 }
 
+/* Fill in the derived sizes and allocate the weight buffer (host). */
 static kvt_status kvt_model_setup(kvt_model *m, kvt_config c, int shared) {
     memset(m, 0, sizeof(*m));
     m->c = c;
@@ -404,6 +410,9 @@ static kvt_status kvt_model_setup(kvt_model *m, kvt_config c, int shared) {
     return KVT_OK;
 }
 
+/* Load order: file length, header, header check, expected length == file
+ * length, then one allocation and one fread. Nothing is allocated for a file
+ * that fails any check, and nothing is read past the end of a good one. */
 kvt_status kvt_model_load(kvt_model *m, const char *path) {
     memset(m, 0, sizeof(*m));
     FILE *f = fopen(path, "rb");
@@ -910,6 +919,45 @@ KVT_HD float kv_load(const kvt_kv *kv, size_t i) {
     if (kv->dtype == KVT_FP16) return f16_to_f32(((const uint16_t *)kv->data)[i]);
     return (float)((const int8_t *)kv->data)[i] * kv->scales[i / (size_t)kv->G];
 }
+/* The two loops attention spends its time in, over one cached row of HS
+ * values starting at element i: a dot product with q, and acc += w * row.
+ * Same values as kv_load, but the type test sits outside the loop and int8
+ * applies one scale per group of G (sum q*k in integers' units, then scale),
+ * which keeps the CPU path fast enough to measure. */
+KVT_HD float kv_dot(const kvt_kv *kv, size_t i, const float *q, int HS) {
+    float s = 0.0f;
+    if (kv->dtype == KVT_FP32) {
+        const float *k = (const float *)kv->data + i;
+        for (int c = 0; c < HS; c++) s += q[c] * k[c];
+    } else if (kv->dtype == KVT_FP16) {
+        const uint16_t *k = (const uint16_t *)kv->data + i;
+        for (int c = 0; c < HS; c++) s += q[c] * f16_to_f32(k[c]);
+    } else {
+        const int8_t *k = (const int8_t *)kv->data + i;
+        for (int g = 0; g < HS; g += kv->G) {
+            float part = 0.0f;
+            for (int c = g; c < g + kv->G; c++) part += q[c] * (float)k[c];
+            s += part * kv->scales[(i + (size_t)g) / (size_t)kv->G];
+        }
+    }
+    return s;
+}
+KVT_HD void kv_axpy(const kvt_kv *kv, size_t i, float w, float *acc, int HS) {
+    if (kv->dtype == KVT_FP32) {
+        const float *v = (const float *)kv->data + i;
+        for (int c = 0; c < HS; c++) acc[c] += w * v[c];
+    } else if (kv->dtype == KVT_FP16) {
+        const uint16_t *v = (const uint16_t *)kv->data + i;
+        for (int c = 0; c < HS; c++) acc[c] += w * f16_to_f32(v[c]);
+    } else {
+        const int8_t *v = (const int8_t *)kv->data + i;
+        for (int g = 0; g < HS; g += kv->G) {
+            float ws = w * kv->scales[(i + (size_t)g) / (size_t)kv->G];
+            for (int c = g; c < g + kv->G; c++) acc[c] += ws * (float)v[c];
+        }
+    }
+}
+
 /* Store `count` values at element i: copy, round to half, or quantize as one
  * group (int8 callers pass count = G, so i is a multiple of G). */
 KVT_HD void kv_store(const kvt_kv *kv, size_t i, const float *src, int count) {
@@ -973,9 +1021,7 @@ static void attention_naive_cpu(float *out, const float *q, kvt_kv kv, int l, in
             for (int t = 0; t < T; t++) {
                 if (t > p) { s[t] = -INFINITY; continue; } /* the causal mask */
                 size_t ki = kv_index(&kv, l, 0, kv.row_tab[r], t, h / group);
-                float dot = 0.0f;
-                for (int c = 0; c < HS; c++) dot += qh[c] * kv_load(&kv, ki + c);
-                s[t] = dot * scale;
+                s[t] = kv_dot(&kv, ki, qh, HS) * scale;
             }
             float mx = -INFINITY, sum = 0.0f; /* softmax, shifted by the max so exp never overflows */
             for (int t = 0; t < T; t++) mx = fmaxf(mx, s[t]);
@@ -983,10 +1029,7 @@ static void attention_naive_cpu(float *out, const float *q, kvt_kv kv, int l, in
             for (int t = 0; t < T; t++) s[t] /= sum;
             float *oh = out + ((size_t)r * NH + h) * HS;
             for (int c = 0; c < HS; c++) oh[c] = 0.0f;
-            for (int t = 0; t <= p; t++) {
-                size_t vi = kv_index(&kv, l, 1, kv.row_tab[r], t, h / group);
-                for (int c = 0; c < HS; c++) oh[c] += s[t] * kv_load(&kv, vi + c);
-            }
+            for (int t = 0; t <= p; t++) kv_axpy(&kv, kv_index(&kv, l, 1, kv.row_tab[r], t, h / group), s[t], oh, HS);
         }
     }
 }
@@ -998,10 +1041,7 @@ __global__ void attn_scores_kernel(float *scores, const float *q, kvt_kv kv, int
     float *s = scores + ((size_t)r * NH + h) * TMAX, scale = 1.0f / sqrtf((float)HS);
     for (int t = (int)threadIdx.x; t < kv.row_len[r]; t += (int)blockDim.x) {
         if (t > p) { s[t] = -INFINITY; continue; }
-        size_t ki = kv_index(&kv, l, 0, kv.row_tab[r], t, h / (NH / kv.NKV));
-        float dot = 0.0f;
-        for (int c = 0; c < HS; c++) dot += qh[c] * kv_load(&kv, ki + c);
-        s[t] = dot * scale;
+        s[t] = kv_dot(&kv, kv_index(&kv, l, 0, kv.row_tab[r], t, h / (NH / kv.NKV)), qh, HS) * scale;
     }
 }
 /* 2) softmax: grid (NH, n), block (KVT_THREADS): a block-wide max, exp, a
@@ -1065,13 +1105,16 @@ static void attention_fused_cpu(float *out, const float *q, kvt_kv kv, int l, in
                 for (int t = sp * split_len; t < t_end; t++) {
                     size_t ki = kv_index(&kv, l, 0, kv.row_tab[r], t, h / group);
                     size_t vi = kv_index(&kv, l, 1, kv.row_tab[r], t, h / group);
-                    float s = 0.0f;
-                    for (int c = 0; c < HS; c++) s += qh[c] * kv_load(&kv, ki + c);
-                    s *= scale;
-                    float m_new = fmaxf(m, s), corr = expf(m - m_new), e = expf(s - m_new);
-                    sum = sum * corr + e;
-                    for (int c = 0; c < HS; c++) acc[c] = acc[c] * corr + e * kv_load(&kv, vi + c);
-                    m = m_new;
+                    float s = kv_dot(&kv, ki, qh, HS) * scale;
+                    if (s > m) { /* a new max: rescale what we have (only then: it rarely happens) */
+                        float corr = expf(m - s);
+                        sum *= corr;
+                        for (int c = 0; c < HS; c++) acc[c] *= corr;
+                        m = s;
+                    }
+                    float e = expf(s - m);
+                    sum += e;
+                    kv_axpy(&kv, vi, e, acc, HS);
                 }
                 pp[0] = m;
                 pp[1] = sum;
@@ -1234,6 +1277,16 @@ static const kvt_ops kvt_gpu_ops = {embed_gpu, rmsnorm_gpu, matmul_gpu, rope_gpu
 
 #define KVT_AUTO_SPLIT 256 /* automatic split: pieces of 256 positions once T > 2 pieces */
 
+/* An engine is one model on one device, one KV pool, and the scratch
+ * buffers of a forward call. Sequences (kvt_seq) are small host-side handles:
+ * a chunk table and a length. Any number of them share the engine's pool, so
+ * "how many sequences fit" is a question of chunks, not of engines.
+ *
+ *   kvt_engine ── m (weights, host + device copy)
+ *       │      ── pool: n_chunks x (L, 2, CH, NKV, HS)   <- every sequence's K/V
+ *       │      ── x, xb, q, k, v, att, hb, ... (rows, .)  <- one call's activations
+ *       └─ op: kvt_cpu_ops or kvt_gpu_ops                  <- who computes
+ */
 struct kvt_engine {
     kvt_model *m;
     kvt_options o;
@@ -1266,6 +1319,14 @@ struct kvt_engine {
     long n_prefill, n_decode;
 };
 
+/* The defaults, and why:
+ *  - fused attention: one pass over the cache; naive is the reference;
+ *  - CH = 16: at most 15 unused slots per sequence, while a chunk is still
+ *    large enough that the table lookup per position costs nothing;
+ *  - n_chunks 0: room for max_seqs sequences at full length (never exhausted);
+ *  - int8 groups of 32 channels: llama.cpp's q8_0 block size;
+ *  - max_rows 64: a prompt is prefilled 64 rows per call, bounding scratch;
+ *  - prefix reuse on: free when nothing matches, a big saving when it does. */
 void kvt_options_default(kvt_options *o) {
     memset(o, 0, sizeof(*o));
 #ifdef __CUDACC__
@@ -1304,6 +1365,10 @@ void kvt_engine_free(kvt_engine *e) {
     free(e);
 }
 
+/* Check the options against the model, pick the device, upload the weights
+ * (GPU), make the pool and the scratch buffers. Everything a forward call will
+ * ever need is allocated here, so a forward never allocates (and never fails
+ * for lack of memory halfway through). */
 kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *o) {
     *out = NULL;
     const kvt_config *c = &m->c;
@@ -1334,6 +1399,8 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
     e->gpu = e->o.device == KVT_GPU;
     e->op = e->gpu ? &kvt_gpu_ops : &kvt_cpu_ops;
     e->rows = o->max_rows;
+    /* Pool size: a sequence of TMAX positions holds ceil(TMAX/CH) chunks. The
+     * split scratch is sized for the most pieces any length can need. */
     int ntab = kvt_cdiv(TMAX, o->CH);
     int n_chunks = o->n_chunks > 0 ? o->n_chunks : o->max_seqs * ntab;
     int min_split = o->split_len > 0 ? o->split_len : KVT_AUTO_SPLIT;
@@ -1343,6 +1410,7 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
     e->w = e->gpu ? &m->d_w : &m->w;
     if (st == KVT_OK)
         st = pool_init(&e->pool, e->gpu, c->n_layers, c->n_kv_heads, HS, o->CH, n_chunks, o->kv_dtype, o->kv_group);
+    /* One table of (buffer, bytes): the shapes are those of struct kvt_engine. */
     size_t R = (size_t)e->rows, D = (size_t)c->dim, HD = (size_t)c->hidden_dim, KVD = (size_t)m->kv_dim;
     struct { void **p; size_t bytes; } b[] = {
         {(void **)&e->x, R * D * 4}, {(void **)&e->xb, R * D * 4}, {(void **)&e->xb2, R * D * 4},
@@ -1366,6 +1434,7 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
 
 kvt_pool *kvt_engine_pool(kvt_engine *e) { return &e->pool; }
 
+/* A sequence starts empty: no chunk is taken until its first forward call. */
 kvt_status kvt_seq_init(kvt_engine *e, kvt_seq *s) {
     memset(s, 0, sizeof(*s));
     s->max_table = kvt_cdiv(e->m->c.seq_len, e->pool.CH);
@@ -1378,6 +1447,7 @@ kvt_status kvt_seq_init(kvt_engine *e, kvt_seq *s) {
     }
     return KVT_OK;
 }
+/* Give every chunk back (a shared chunk only loses one reference). */
 void kvt_seq_reset(kvt_engine *e, kvt_seq *s) {
     for (int i = 0; i < s->n_table; i++) pool_release(&e->pool, s->table[i]);
     s->n_table = 0;
@@ -1438,6 +1508,13 @@ static void attn_split(const kvt_engine *e, int max_pos, int *split_len, int *ns
 /* The transformer on n rows whose row_pos/row_len/row_tab and chunk tables are
  * already on the device. Writes each row's K/V into the cache, and the logits
  * of the last row (all rows when all_logits) into e->logits. */
+/* Shapes through one layer, for n rows:
+ *   x (n, D) -rmsnorm-> xb (n, D) -wq,wk,wv-> q (n, D), k v (n, KVD) -rope-> q k
+ *   k v -> cache;  attention(q, cache) -> att (n, D) -wo-> xb2 (n, D);  x += xb2
+ *   x -rmsnorm-> xb -w1,w3-> hb hb2 (n, HD) -swiglu-> hb -w2-> xb (n, D);  x += xb
+ * The rows may be one prompt (prefill), one token (decode), or one token of
+ * each of several sequences (batch): forward_rows cannot tell, only the row
+ * arrays (positions, tables) differ. */
 static void forward_rows(kvt_engine *e, int n, int all_logits) {
     const kvt_config *c = &e->m->c;
     const kvt_weights *w = e->w;
@@ -1502,6 +1579,10 @@ static kvt_status check_tokens(const kvt_engine *e, const int *tokens, int n) {
     return KVT_OK;
 }
 
+/* The public forward: check everything first, so that an error leaves the
+ * sequence and the pool exactly as they were; then reuse a cached prefix (a
+ * new sequence only), take the chunks, run the rows in pieces of max_rows,
+ * and only then append the tokens to the sequence. */
 kvt_status kvt_forward(kvt_engine *e, kvt_seq *s, const int *tokens, int n, float *logits, int all_logits) {
     int TMAX = e->m->c.seq_len, V = e->m->c.vocab_size, share = e->o.prefix_reuse && e->o.kv_cache;
     kvt_pool *p = &e->pool;
@@ -1517,7 +1598,7 @@ kvt_status kvt_forward(kvt_engine *e, kvt_seq *s, const int *tokens, int n, floa
         if (skip) kvt_seq_reset(e, s); /* give back what prefix_attach took */
         return st;
     }
-    tokens += skip;
+    tokens += skip; /* these positions are already in the attached chunks */
     n -= skip;
     double t0 = kvt_now();
     for (int done = 0; done < n; done += e->rows) { /* a long prefill goes in pieces of `rows` */
@@ -1540,6 +1621,11 @@ kvt_status kvt_forward(kvt_engine *e, kvt_seq *s, const int *tokens, int n, floa
     return KVT_OK;
 }
 
+/* The batched forward. The rows of all sequences go through every matmul
+ * together (one weight read serves them all: that is the point of batching);
+ * attention gives each row its own position, length and chunk table, so
+ * sequences of different lengths need no padding. As in kvt_forward, all
+ * checks (and the count of chunks needed) come before anything changes. */
 kvt_status kvt_forward_batch(kvt_engine *e, kvt_seq *const *seqs, int n_seqs, const int *tokens, const int *ntok,
                              float *logits) {
     kvt_pool *p = &e->pool;
@@ -1593,6 +1679,10 @@ kvt_status kvt_forward_batch(kvt_engine *e, kvt_seq *const *seqs, int n_seqs, co
     return KVT_OK;
 }
 
+/* One generation step, the way the options say. With the cache, the
+ * sequence already holds history[0 .. len) and only the new tokens run (one,
+ * after the prompt). Without it, the sequence is emptied and all of history
+ * runs again: the same logits, at a cost that grows with the length. */
 kvt_status kvt_step(kvt_engine *e, kvt_seq *s, const int *history, int n_hist, float *logits) {
     if (!e->o.kv_cache) kvt_seq_reset(e, s); /* no cache: forget everything, recompute */
     if (s->len >= n_hist)
@@ -1600,6 +1690,10 @@ kvt_status kvt_step(kvt_engine *e, kvt_seq *s, const int *history, int n_hist, f
     return kvt_forward(e, s, history + s->len, n_hist - s->len, logits, 0);
 }
 
+/* Memory figures for --stats and the tests. A chunk held by several
+ * sequences (fork, prefix reuse) counts once in bytes_used and once per
+ * holder in bytes_unshared: the difference is what sharing saves. A chunk's
+ * unused slots are CH minus the most positions any holder wrote into it. */
 void kvt_cache_usage_of(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs, kvt_cache_usage *u) {
     kvt_pool *p = &e->pool;
     int *fill = (int *)calloc((size_t)p->n_chunks, sizeof(int)); /* positions written into each chunk */
@@ -1625,6 +1719,9 @@ void kvt_cache_usage_of(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs, k
     u->bytes_unshared = chunk_bytes * (double)tables;
 }
 
+/* Read one cached position back as fp32 (tests and debugging): copy its KVD
+ * stored values (and their scales) to the host and decode them with the same
+ * kv_load the attention uses. */
 void kvt_cache_read(kvt_engine *e, const kvt_seq *s, int l, int which, int pos, float *out) {
     kvt_pool *p = &e->pool;
     KVT_ASSERT(pos >= 0 && pos < s->len && l >= 0 && l < p->L);
@@ -1653,6 +1750,7 @@ void kvt_cache_read(kvt_engine *e, const kvt_seq *s, int l, int which, int pos, 
 struct kvt_piece { char *str; int id; };
 struct kvt_prob { float p; int id; };
 
+/* Lookup of a piece's id: the vocabulary sorted by text, then bsearch. */
 static int piece_cmp(const void *a, const void *b) {
     return strcmp(((const struct kvt_piece *)a)->str, ((const struct kvt_piece *)b)->str);
 }
@@ -1672,6 +1770,9 @@ void kvt_tokenizer_free(kvt_tokenizer *t) {
     memset(t, 0, sizeof(*t));
 }
 
+/* Every read is checked, every length is bounded by max_token_length (itself
+ * bounded), a piece may not contain a NUL, and the file must end exactly after
+ * the V-th token: a tokenizer for another vocabulary size is caught here. */
 kvt_status kvt_tokenizer_load(kvt_tokenizer *t, const char *path, int V) {
     memset(t, 0, sizeof(*t));
     FILE *f = fopen(path, "rb");
@@ -1718,6 +1819,9 @@ kvt_status kvt_tokenizer_load(kvt_tokenizer *t, const char *path, int V) {
     if (st != KVT_OK) { kvt_tokenizer_free(t); return st; }
     for (int i = 0; i < V; i++) { t->sorted[i].str = t->vocab[i]; t->sorted[i].id = i; }
     qsort(t->sorted, (size_t)V, sizeof(struct kvt_piece), piece_cmp);
+    /* Sentencepiece vocabularies (Llama's) list the 256 bytes as <0x00>..<0xFF>
+     * at ids 3..258, and were trained with a space before the first word; a
+     * character vocabulary (ours) has neither, so neither is applied. */
     t->byte_fallback = V >= 259 && !strcmp(t->vocab[3], "<0x00>") && !strcmp(t->vocab[258], "<0xFF>");
     t->dummy_prefix = t->byte_fallback;
     for (int i = 0; i < 256; i++) { t->byte_piece[2 * i] = (char)i; t->byte_piece[2 * i + 1] = '\0'; }
@@ -1751,6 +1855,9 @@ static kvt_status encode_piece(const kvt_tokenizer *t, const char *text, size_t 
         }
         i += cl;
     }
+    /* Greedy BPE: among all adjacent pairs whose concatenation is a piece,
+     * merge the one with the highest score, and repeat. O(n^2) in the text
+     * length, which is why --ppl encodes a file line by line. */
     for (;;) { /* merge the best pair until none is in the vocabulary */
         float best = -1e30f;
         int best_id = -1, best_i = -1;
@@ -1813,6 +1920,9 @@ static int prob_cmp(const void *a, const void *b) { /* descending probability, t
     if (x->p != y->p) return x->p < y->p ? 1 : -1;
     return x->id - y->id;
 }
+/* Softmax with the max subtracted (so expf never overflows), then one uniform
+ * draw u: walk the cumulative distribution until it passes u. With top-p the
+ * walk is over the sorted nucleus and u is scaled by the nucleus' mass. */
 int kvt_sample(kvt_sampler *s, float *logits, int V) {
     if (s->temperature == 0.0f) return kvt_argmax(logits, V);
     float mx = -INFINITY, sum = 0.0f;
@@ -1922,6 +2032,10 @@ static double kvt_weight_bytes(const kvt_model *m) {
 }
 
 /* Decode speed at short context against the bandwidth bound. */
+/* Decode at short context is a sequence of matrix-vector products: each
+ * weight is read once and used for one multiply-add. The time per token is
+ * then bounded below by weight_bytes / bandwidth, whatever the flops; the
+ * fraction of that bound reached says how well the matmul streams memory. */
 static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
     kvt_engine *e;
     kvt_seq s;
@@ -1959,6 +2073,10 @@ static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
 /* ms per generated token against position, cache on vs off. With the cache a
  * step does a fixed amount of matmul work plus attention over T positions
  * (flat-ish); without it, a step re-runs all T tokens (linear in T). */
+/* Cost model: with the cache, step T costs the weights once plus attention
+ * over T cached positions (O(T), small next to the weights until T is large);
+ * without it, step T re-runs T tokens through every layer (O(T) matmul rows
+ * plus O(T^2) attention). Summed over a whole generation: O(T) vs O(T^2). */
 static kvt_status bench_positions(kvt_model *m, const kvt_options *o, int every, FILE *csv) {
     kvt_options on = *o, off = *o;
     on.kv_cache = 1;
@@ -2043,7 +2161,7 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
     int auto_len, auto_n;
     attn_split(e, T - 1, &auto_len, &auto_n);
     if (auto_n == 1) { auto_len = KVT_AUTO_SPLIT < T ? KVT_AUTO_SPLIT : T; auto_n = kvt_cdiv(T, auto_len); }
-    const char *names[3] = {"naive (3 kernels)", "fused, one block per head", "fused, split + merge"};
+    const char *names[3] = {"naive (score row)", "fused (one pass)", "fused, split + merge"};
     double ms[3];
     int reps = e->gpu && !KVT_EMULATED ? 50 : 3;
     for (int v = 0; v < 3; v++) {
@@ -2069,6 +2187,69 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
     kvt_seq_free(e, &s);
     kvt_engine_free(e);
     return KVT_OK;
+}
+
+/* The staged table: each row adds one idea to the previous one and reports
+ * decode tokens/s at position T and the cache bytes a sequence of T holds.
+ *   1 no cache (every step recomputes T positions)  2 + KV cache (fp32, naive)
+ *   3 + int8 cache   4 + fused attention   5 + batch of 8 sharing a T-token prompt */
+static kvt_status bench_stages(kvt_model *m, const kvt_options *o, int T, FILE *csv) {
+    int V = m->c.vocab_size, steps = 8, B = 8;
+    if (T < 2 || T + steps > m->c.seq_len)
+        return kvt_fail(KVT_EARG, "--bench-ctx %d: the staged table needs 2 <= T <= TMAX - %d = %d", T, steps,
+                        m->c.seq_len - steps);
+    int *toks = (int *)kvt_malloc((size_t)(T + steps) * sizeof(int));
+    float *logits = (float *)kvt_malloc((size_t)B * V * sizeof(float));
+    kvt_fake_tokens(toks, T + steps, V);
+    const char *names[5] = {"no cache (recompute)", "+ KV cache (fp32, naive)", "+ int8 cache", "+ fused attention",
+                            "+ batch of 8, shared prompt"};
+    printf("staged table: decode at position %d (%s)\n%-30s %12s %14s\n", T, o->device == KVT_GPU ? "gpu" : "cpu", "stage",
+           "tokens/s", "cache bytes");
+    if (csv) fprintf(csv, "stage,tokens_per_s,cache_bytes\n");
+    kvt_status st = KVT_OK;
+    for (int stage = 0; stage < 5 && st == KVT_OK; stage++) {
+        kvt_options so = *o;
+        so.kv_cache = stage > 0;
+        so.attn = stage >= 3 ? KVT_ATTN_FUSED : KVT_ATTN_NAIVE;
+        so.kv_dtype = stage >= 2 ? KVT_INT8 : KVT_FP32;
+        so.max_seqs = stage == 4 ? B : 1;
+        so.max_rows = so.max_rows < B ? B : so.max_rows;
+        int nb = stage == 4 ? B : 1, *ones = (int *)kvt_malloc((size_t)B * sizeof(int));
+        kvt_engine *e;
+        if ((st = kvt_engine_create(&e, m, &so)) != KVT_OK) { free(ones); break; }
+        kvt_seq *seqs = (kvt_seq *)calloc((size_t)B, sizeof(kvt_seq));
+        kvt_seq **ptr = (kvt_seq **)kvt_malloc((size_t)B * sizeof(kvt_seq *));
+        KVT_ASSERT(seqs);
+        kvt_seq_init(e, &seqs[0]);
+        st = kvt_forward(e, &seqs[0], toks, T - 1, logits, 0); /* positions 0 .. T-2 */
+        for (int b = 0; b < nb; b++) {
+            if (b) kvt_seq_fork(e, &seqs[b], &seqs[0]);
+            ptr[b] = &seqs[b];
+            ones[b] = 1;
+        }
+        int n_steps = stage == 0 ? 2 : steps; /* a recompute step is slow: two are enough */
+        double t0 = kvt_now();
+        for (int i = 0; i < n_steps && st == KVT_OK; i++) {
+            int tk[8];
+            for (int b = 0; b < nb; b++) tk[b] = toks[T - 1 + i];
+            if (stage == 4) st = kvt_forward_batch(e, ptr, nb, tk, ones, logits);
+            else st = kvt_step(e, &seqs[0], toks, T + i, logits);
+        }
+        double dt = kvt_now() - t0;
+        if (st == KVT_OK) {
+            kvt_cache_usage u;
+            kvt_cache_usage_of(e, (const kvt_seq *const *)ptr, nb, &u);
+            double tps = nb * n_steps / dt;
+            printf("%-30s %12.1f %14.0f\n", names[stage], tps, u.bytes_used);
+            if (csv) fprintf(csv, "%s,%.2f,%.0f\n", names[stage], tps, u.bytes_used);
+        }
+        for (int b = 0; b < B; b++) if (seqs[b].table) kvt_seq_free(e, &seqs[b]);
+        kvt_engine_free(e);
+        free(seqs); free(ptr); free(ones);
+    }
+    free(toks);
+    free(logits);
+    return st;
 }
 
 /* Decode throughput against batch size: B sequences at the same position,
@@ -2121,6 +2302,14 @@ static kvt_status bench_batch(kvt_model *m, const kvt_options *o, FILE *csv) {
 
 // §20 command line ------------------------------------------------------------------------
 #ifndef KVT_NO_MAIN
+/* The command line is a thin layer over the library above: parse and check
+ * every flag (one line naming the flag and its range on error), load the
+ * model and tokenizer, make one engine, then one of four runs:
+ *   --bench ...        a measurement (§19), on a random or loaded model;
+ *   --ppl FILE         teacher-forced perplexity (run_ppl);
+ *   --prompts / --fork several sequences decoded as one batch (run_batch);
+ *   otherwise          one sequence, printed as it is generated (run_single),
+ *                      with --check running a CPU engine beside it. */
 static void usage(FILE *f) {
     fprintf(f,
         "usage: kvt [options]\n"
@@ -2131,6 +2320,7 @@ static void usage(FILE *f) {
         "  --prompt-tokens N       --random: a prompt of N made-up token ids (default 8)\n"
         "  --prompts FILE          one prompt per line, all decoded as one batch\n"
         "  --fork N                N continuations of the prompt (seeds seed, seed+1, ...), sharing its cache\n"
+        "  --fork-share on|off     off: each --fork continuation computes and stores the prompt itself\n"
         "  --prefix-cache on|off   reuse cached chunks of a live sequence with the same prompt prefix (default on)\n"
         "  -n, --steps N           tokens to generate (default 256, at most TMAX - prompt)\n"
         "  -t, --temperature F     0 = greedy (default 0.8)\n"
@@ -2148,9 +2338,10 @@ static void usage(FILE *f) {
         "  --check                 run CPU and GPU side by side; print the logit difference per step\n"
         "  --ppl FILE              perplexity of a text file (teacher forced, windows of TMAX)\n"
         "  --ppl-from F            start --ppl at this fraction of the file (e.g. 0.9)\n"
-        "  --bench decode|positions|batch|attention   speed vs the bandwidth bound; ms/token vs position;\n"
-        "                          tokens/s vs batch size; naive vs fused vs split attention\n"
-        "  --bench-ctx T           --bench attention: cached positions (default TMAX)\n"
+        "  --bench decode|positions|batch|attention|stages   speed vs the bandwidth bound; ms/token vs\n"
+        "                          position; tokens/s vs batch size; naive vs fused vs split attention;\n"
+        "                          the staged table (no cache -> cache -> int8 -> fused -> batch of 8)\n"
+        "  --bench-ctx T           --bench attention/stages: cached positions (default TMAX, TMAX/2)\n"
         "  --bench-every N         --bench positions: step between positions (default 64)\n"
         "  --csv FILE              --bench: also write the table as CSV\n"
         "  -h, --help              this text\n");
@@ -2187,17 +2378,19 @@ static int arg_choice(const char *flag, const char *s, const char *const *names,
 
 typedef struct {
     const char *model, *tokenizer, *prompt, *ppl, *bench, *csv, *prompts;
-    int random, steps, stats, check, group_set, bench_every, bench_ctx, fork, prompt_tokens;
+    int random, steps, stats, check, group_set, bench_every, bench_ctx, fork, prompt_tokens, fork_share;
     kvt_config rc;
     double temperature, topp, ppl_from;
     long seed;
     kvt_options o;
 } kvt_cli;
 
+/* Flags with a value are listed in `valued`, so an unknown flag is reported as
+ * unknown (and not as "missing its value") wherever it stands. */
 static int parse_args(kvt_cli *a, int argc, char **argv) {
     static const char *const onoff[] = {"off", "on"}, *const dtypes[] = {"fp32", "fp16", "int8"},
                              *const attns[] = {"naive", "fused"}, *const devs[] = {"cpu", "gpu"},
-                             *const benches[] = {"decode", "positions", "batch", "attention"};
+                             *const benches[] = {"decode", "positions", "batch", "attention", "stages"};
     long v;
     int c;
     for (int i = 1; i < argc; i++) {
@@ -2208,7 +2401,7 @@ static int parse_args(kvt_cli *a, int argc, char **argv) {
         static const char *const valued[] = {"-m", "--model", "-z", "--tokenizer", "-i", "--prompt", "--ppl", "--csv",
             "--random", "-n", "--steps", "-t", "--temperature", "-p", "--topp", "-s", "--seed", "--kv-cache", "--chunk",
             "--chunks", "--kv-dtype", "--kv-group", "--attn", "--split", "--device", "--ppl-from", "--bench",
-            "--bench-every", "--prompts", "--fork", "--prompt-tokens", "--prefix-cache", "--bench-ctx"};
+            "--bench-every", "--prompts", "--fork", "--prompt-tokens", "--prefix-cache", "--bench-ctx", "--fork-share"};
         int known = 0;
         for (size_t k = 0; k < sizeof(valued) / sizeof(valued[0]); k++) known |= !strcmp(f, valued[k]);
         if (!known) { kvt_fail(KVT_EARG, "unknown flag '%s' (see --help)", f); return 0; }
@@ -2252,7 +2445,8 @@ static int parse_args(kvt_cli *a, int argc, char **argv) {
         else if (!strcmp(f, "--split")) { if (!arg_long(f, s, -1, KVT_LIMIT_SEQ, &v)) return 0; a->o.split_len = (int)v; }
         else if (!strcmp(f, "--device")) { if (!arg_choice(f, s, devs, 2, &c)) return 0; a->o.device = (kvt_device)c; }
         else if (!strcmp(f, "--ppl-from")) { if (!arg_float(f, s, 0, 1, &a->ppl_from)) return 0; }
-        else if (!strcmp(f, "--bench")) { if (!arg_choice(f, s, benches, 4, &c)) return 0; a->bench = benches[c]; }
+        else if (!strcmp(f, "--bench")) { if (!arg_choice(f, s, benches, 5, &c)) return 0; a->bench = benches[c]; }
+        else if (!strcmp(f, "--fork-share")) { if (!arg_choice(f, s, onoff, 2, &a->fork_share)) return 0; }
         else if (!strcmp(f, "--bench-ctx")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->bench_ctx = (int)v; }
         else if (!strcmp(f, "--bench-every")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->bench_every = (int)v; }
     }
@@ -2288,6 +2482,12 @@ static void print_stats(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
 
 /* Teacher-forced mean negative log-likelihood of a text, in windows of TMAX
  * positions: [BOS, c0 .. c(W-2)] predicts c0 .. c(W-1), W = TMAX - 1 chars. */
+/* The NLL of token j is logsumexp(logits_j) - logits_j[target], computed in
+ * double from the fp32 logits. The windows match weights/train.py's held-out
+ * evaluation exactly, so the two numbers can be compared to 1e-3 nats. The
+ * prefill runs with the cache (pieces of max_rows rows attend to the cached
+ * earlier pieces), so a quantized cache changes the result: that is what
+ * --ppl measures for --kv-dtype. */
 static kvt_status run_ppl(kvt_engine *e, kvt_tokenizer *tk, const char *path, double from) {
     FILE *f = fopen(path, "rb");
     if (!f) return kvt_fail(KVT_EIO, "--ppl: cannot open '%s'", path);
@@ -2445,12 +2645,13 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
         len[i] = np[fork ? 0 : i];
         active[i] = 1;
         ones[i] = 1;
-        if (fork && i > 0) { /* share the prompt's chunks; same first logits */
+        if (fork && i > 0 && a->fork_share) { /* share the prompt's chunks; same first logits */
             st = kvt_seq_fork(e, &seqs[i], &seqs[0]);
             memcpy(logits + (size_t)i * V, logits, (size_t)V * sizeof(float));
         } else {
             st = kvt_seq_init(e, &seqs[i]);
-            if (st == KVT_OK) st = kvt_forward(e, &seqs[i], hist + (size_t)i * TMAX, len[i], logits + (size_t)i * V, 0);
+            if (st == KVT_OK) /* its own prompt, or (--fork-share off) its own copy of the prompt */
+                st = kvt_forward(e, &seqs[i], hist + (size_t)i * TMAX, len[i], logits + (size_t)i * V, 0);
         }
     }
     for (int step = 0; step < a->steps && st == KVT_OK; step++) {
@@ -2527,8 +2728,10 @@ int main(int argc, char **argv) {
     a.seed = 42;
     a.bench_every = 64;
     a.prompt_tokens = 8;
+    a.fork_share = 1;
     kvt_options_default(&a.o);
     if (!parse_args(&a, argc, argv)) { cli_fail(""); fprintf(stderr, "run 'kvt --help' for the flags\n"); return 1; }
+    if (!a.fork_share) a.o.prefix_reuse = 0; /* the independent baseline shares nothing at all */
 
     kvt_model m;
     kvt_status st = a.random ? kvt_model_random(&m, a.rc, 1) : kvt_model_load(&m, a.model);
@@ -2541,6 +2744,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a.bench, "decode")) st = bench_decode(&m, &a.o, csv);
         else if (!strcmp(a.bench, "positions")) st = bench_positions(&m, &a.o, a.bench_every, csv);
         else if (!strcmp(a.bench, "attention")) st = bench_attention(&m, &a.o, a.bench_ctx ? a.bench_ctx : TMAX, csv);
+        else if (!strcmp(a.bench, "stages")) st = bench_stages(&m, &a.o, a.bench_ctx ? a.bench_ctx : TMAX / 2, csv);
         else st = bench_batch(&m, &a.o, csv);
         if (csv) fclose(csv);
         kvt_model_free(&m);

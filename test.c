@@ -1032,6 +1032,16 @@ static void test_bad_input(void) {
     o.CH = 0;
     st = kvt_engine_create(&e, &m, &o);
     expect(st == KVT_EARG && contains(kvt_last_error(), "--chunk"), "chunk size 0: %s", kvt_last_error());
+    o.CH = 4;
+    o.n_chunks = 1 << 28; /* 2^28 chunks of 4 positions: 256 GiB, more than this machine has */
+    for (int dev = 0; dev < 2; dev++) {
+        o.device = dev ? KVT_GPU : KVT_CPU;
+        st = kvt_engine_create(&e, &m, &o);
+        expect(st == KVT_ENOMEM && contains(kvt_last_error(), "the KV cache pool needs") &&
+               contains(kvt_last_error(), dev && !KVT_EMULATED ? "device out of memory" : "out of memory"),
+               "a pool too large for the %s: %s", dev ? "device" : "host", kvt_last_error());
+        if (st == KVT_OK) kvt_engine_free(e);
+    }
     free(lg);
     kvt_model_free(&m);
 }
@@ -1067,6 +1077,7 @@ static void test_cli(void) {
     cli_expect("--random 32,1,4,2,64,50,32 --chunk 4 --chunks 2 -n 20", 0, "KV cache pool exhausted");
     cli_expect("--random 32,1,4,2,64,50,32 -n 5 -t 0 --stats", 1, "[stats] chunks in use");
     cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --stats", 1, "--- sequence 2 (seed 44) ---");
+    cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --stats --fork-share off", 1, "(0.0% saved)");
     cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --chunk 4 --chunks 4", 0, "of the batch cannot grow");
     cli_expect("--random 32,1,4,2,64,50,32 --fork 2 --kv-cache off", 0, "drop --kv-cache off");
 }
@@ -1116,6 +1127,24 @@ static void test_default_model(void) {
         free(want);
         free(got);
     }
+    /* issue: an int8 (and fp16) cache picks the same 100 greedy tokens as fp32 on the trained model */
+    int np = 0, *t32 = (int *)kvt_malloc(128 * sizeof(int)), *tq = (int *)kvt_malloc(128 * sizeof(int));
+    float *l32 = (float *)kvt_malloc((size_t)100 * V * 4), *lq = (float *)kvt_malloc((size_t)100 * V * 4);
+    KVT_ASSERT(kvt_encode(&tk, "ROMEO:", 1, toks, 64, &np) == KVT_OK);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    KVT_ASSERT(generate(&m, &o, toks, np, 100, t32, l32) == KVT_OK);
+    for (int dt = 1; dt <= 2; dt++) {
+        o.kv_dtype = (kvt_dtype)dt;
+        o.kv_group = m.head_size < 32 ? m.head_size : 32;
+        KVT_ASSERT(generate(&m, &o, toks, np, 100, tq, lq) == KVT_OK);
+        int agree = 0;
+        while (agree < 100 && tq[np + agree] == t32[np + agree]) agree++;
+        expect(agree == 100, "default model: %s cache (G=%d) picks the same 100 greedy tokens as fp32 (%d agree)",
+               kvt_dtype_name(o.kv_dtype), o.kv_group, agree);
+    }
+    free(t32); free(tq); free(l32); free(lq);
     kvt_tokenizer_free(&tk);
     kvt_model_free(&m);
 }
