@@ -2024,6 +2024,29 @@ static double kvt_bandwidth_gbs(void) {
     free(b);
     return 2.0 * (double)n * sizeof(float) / best / 1e9;
 }
+/* The same on the GPU: device-to-device copies of 1 GiB, best of 5. */
+static double kvt_device_bandwidth_gbs(void) {
+#ifdef __CUDACC__
+    size_t bytes = (size_t)1 << 30;
+    void *a, *b;
+    KVT_CUDA(cudaMalloc(&a, bytes));
+    KVT_CUDA(cudaMalloc(&b, bytes));
+    KVT_CUDA(cudaMemset(a, 1, bytes));
+    double best = 1e30;
+    for (int rep = 0; rep < 5; rep++) {
+        KVT_CUDA(cudaDeviceSynchronize());
+        double t0 = kvt_now();
+        KVT_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+        KVT_CUDA(cudaDeviceSynchronize());
+        best = fmin(best, kvt_now() - t0);
+    }
+    KVT_CUDA(cudaFree(a));
+    KVT_CUDA(cudaFree(b));
+    return 2.0 * (double)bytes / best / 1e9;
+#else
+    return kvt_bandwidth_gbs(); /* the emulation's "device" memory is host memory */
+#endif
+}
 /* Bytes of weights one decode step reads: every matrix once, the classifier once. */
 static double kvt_weight_bytes(const kvt_model *m) {
     const kvt_config *c = &m->c;
@@ -2047,7 +2070,7 @@ static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
     int *toks = (int *)kvt_malloc((size_t)(np + steps) * sizeof(int));
     float *logits = (float *)kvt_malloc((size_t)V * sizeof(float));
     kvt_fake_tokens(toks, np + steps, V);
-    double bw = kvt_bandwidth_gbs(), wb = kvt_weight_bytes(m);
+    double bw = e->gpu ? kvt_device_bandwidth_gbs() : kvt_bandwidth_gbs(), wb = kvt_weight_bytes(m);
     if (st == KVT_OK) st = kvt_forward(e, &s, toks, np, logits, 0);
     if (st == KVT_OK) st = kvt_forward(e, &s, toks + np, 1, logits, 0); /* warm-up */
     double t0 = kvt_now();
@@ -2055,7 +2078,7 @@ static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
     double dt = (kvt_now() - t0) / (steps - 1);
     if (st == KVT_OK) {
         double bound = bw * 1e9 / wb;
-        printf("memory bandwidth (copy loop, read+write): %.2f GB/s\n", bw);
+        printf("%s memory bandwidth (copy, read+write): %.2f GB/s\n", e->gpu ? "device" : "host", bw);
         printf("weights read per token: %.1f MB -> bound %.2f tokens/s\n", wb / 1e6, bound);
         printf("decode (%s, %s cache, positions %d..%d): %.2f ms/token = %.2f tokens/s = %.0f%% of the bound\n",
                e->gpu ? "gpu" : "cpu", kvt_dtype_name(o->kv_dtype), np, np + steps, 1e3 * dt, 1.0 / dt,
@@ -2783,6 +2806,12 @@ int main(int argc, char **argv) {
     if (longest + a.steps > TMAX) {
         kvt_fail(KVT_ECONTEXT, "-n %d: the %sprompt is %d tokens, so -n must be in [0, %d] (context TMAX = %d)", a.steps,
                  n_prompts > 1 ? "longest " : "", longest, TMAX - longest, TMAX);
+        goto done;
+    }
+    if (a.o.n_chunks > 0 && a.o.kv_cache && a.o.n_chunks < kvt_cdiv(longest + a.steps, a.o.CH)) {
+        kvt_fail(KVT_EPOOL, "--chunks %d: too small for one sequence of %d positions (prompt %d + -n %d), which needs "
+                 "at least %d chunks of %d positions", a.o.n_chunks, longest + a.steps, longest, a.steps,
+                 kvt_cdiv(longest + a.steps, a.o.CH), a.o.CH);
         goto done;
     }
     n_seqs = a.fork > 1 ? a.fork : n_prompts;

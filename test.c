@@ -1074,7 +1074,9 @@ static void test_cli(void) {
     cli_expect("--random 32,1,4,2,64,50,32 --kv-cache maybe", 0, "expected one of off|on");
     cli_expect("--random 32,1,4,3,64,50,32", 0, "n_kv_heads");
     cli_expect("--model /nonexistent.bin", 0, "cannot open checkpoint");
-    cli_expect("--random 32,1,4,2,64,50,32 --chunk 4 --chunks 2 -n 20", 0, "KV cache pool exhausted");
+    cli_expect("--random 32,1,4,2,64,50,32 --chunk 4 --chunks 2 -n 20", 0, "--chunks 2: too small for one sequence");
+    cli_expect("--random 32,1,4,2,64,50,32 --prompt-tokens 40", 0, "--prompt-tokens 40: more than TMAX = 32");
+    cli_expect("--random 32,1,4,2,64,50,32 --topp 0", 0, "--topp '0': expected a number in [1e-06, 1]");
     cli_expect("--random 32,1,4,2,64,50,32 -n 5 -t 0 --stats", 1, "[stats] chunks in use");
     cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --stats", 1, "--- sequence 2 (seed 44) ---");
     cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --stats --fork-share off", 1, "(0.0% saved)");
