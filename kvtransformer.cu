@@ -161,6 +161,8 @@ static float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
     return emu_shfl[p][(tid & ~31) | ((tid & 31) ^ lane_mask)];
 }
 
+/* The three steps of an emulated launch: set the grid for everyone, then in
+ * each OpenMP thread set its threadIdx, then per block set blockIdx. */
 static void emu_launch_begin(const char *name, int gx, int gy, int bx) {
     if (gx < 1 || gy < 1 || bx < 1 || bx > KVT_MAX_THREADS)
         kvt_fatal(__FILE__, __LINE__, "kernel %s: bad launch grid (%d,%d) block %d", name, gx, gy, bx);
@@ -496,6 +498,7 @@ kvt_status kvt_model_random(kvt_model *m, kvt_config c, uint64_t seed) {
     size_t KVD = (size_t)m->kv_dim;
     float sd = 1.0f / sqrtf((float)D), sh = 1.0f / sqrtf((float)HD);
     kvt_weights *w = &m->w;
+    /* in checkpoint order, so a seed always gives the same model */
     kvt_fill_uniform(w->token_embedding, V * D, 1.0f, 0.0f, &s);
     kvt_fill_uniform(w->rms_att, L * D, 0.1f, 1.0f, &s);
     kvt_fill_uniform(w->wq, L * D * D, sd, 0.0f, &s);
@@ -821,13 +824,14 @@ __global__ void matmul_rows_kernel(float *out, const float *x, const float *w, i
     const float *xr = x + (size_t)r * k;
     float acc[32];
     for (int i = 0; i < 32; i++) acc[i] = 0.0f;
+    /* The same x element is used for all 32 rows: read it once per column. */
     for (int c = lane; c < k; c += 32) {
         float xc = xr[c];
         for (int i = 0; i < 32; i++)
             if (row0 + i < d) acc[i] += w[(size_t)(row0 + i) * k + c] * xc;
     }
     for (int i = 0; i < 32; i++) part[warp][i][lane] = acc[i];
-    __syncthreads();
+    __syncthreads(); /* each lane now reads a column the other lanes wrote */
     if (row0 + lane < d) {
         float s = 0.0f;
         for (int j = 0; j < 32; j++) s += part[warp][lane][j];
@@ -854,6 +858,8 @@ __global__ void matmul_tiled_kernel(float *out, const float *x, const float *w, 
     int col = (int)blockIdx.x * KVT_TILE + tx;    /* output column = row of w */
     int wrow = (int)blockIdx.x * KVT_TILE + ty;   /* the w row this thread loads */
     float acc = 0.0f;
+    /* Out-of-range loads read 0, so partial tiles at the edges need no special
+     * case in the inner loop (0 * anything adds nothing). */
     for (int k0 = 0; k0 < k; k0 += KVT_TILE) {
         xs[ty][tx] = row < n && k0 + tx < k ? x[(size_t)row * k + k0 + tx] : 0.0f;
         ws[ty][tx] = wrow < d && k0 + tx < k ? w[(size_t)wrow * k + k0 + tx] : 0.0f;
@@ -1002,6 +1008,7 @@ static void kv_write_cpu(kvt_kv kv, const float *k, const float *v, int l, int n
 __global__ void kv_write_kernel(kvt_kv kv, const float *k, const float *v, int l, int n) {
     int r = (int)blockIdx.x, unit = kv.dtype == KVT_INT8 ? kv.G : 1, KVD = kv.NKV * kv.HS;
     for (int u = (int)threadIdx.x; u < 2 * KVD / unit; u += (int)blockDim.x) {
+        /* unit u -> K or V (which), then the element e of the row, its head and channel */
         int which = u / (KVD / unit), e = (u % (KVD / unit)) * unit, h = e / kv.HS, c = e % kv.HS;
         const float *src = (which ? v : k) + (size_t)r * KVD + e;
         kv_store(&kv, kv_index(&kv, l, which, kv.row_tab[r], kv.row_pos[r], h) + c, src, unit);
@@ -1169,12 +1176,15 @@ __global__ void attn_fused_kernel(float *out, float *part, const float *q, kvt_k
     int p = kv.row_pos[r], t_begin = sp * split_len;
     int t_end = p + 1 < t_begin + split_len ? p + 1 : t_begin + split_len;
     float scale = 1.0f / sqrtf((float)HS);
+    /* The query is read by every thread for every key: load it once into
+     * shared memory (pre-scaled, so no thread multiplies by 1/sqrt(HS) again). */
     for (int c = tid; c < HS; c += nt) q_s[c] = q[((size_t)r * NH + h) * HS + c] * scale;
-    __syncthreads();
+    __syncthreads(); /* q_s is complete before anyone reads it */
     float m = -INFINITY, sum = 0.0f, acc[KVT_MAX_HS / 32]; /* blockDim >= 32 */
     for (int j = 0; j < KVT_MAX_HS / 32; j++) acc[j] = 0.0f;
     for (int t0 = t_begin; t0 < t_end; t0 += nt) { /* same trip count in every thread */
         int tile = t_end - t0 < nt ? t_end - t0 : nt;
+        /* step 1: thread j scores key t0 + j (threads past the end score -inf) */
         float s = -INFINITY;
         if (tid < tile) {
             size_t ki = kv_index(&kv, l, 0, kv.row_tab[r], t0 + tid, kh);
@@ -1182,13 +1192,17 @@ __global__ void attn_fused_kernel(float *out, float *part, const float *q, kvt_k
             for (int c = 0; c < HS; c++) s += q_s[c] * kv_load(&kv, ki + c);
         }
         e_s[tid] = s;
-        __syncthreads();
+        __syncthreads(); /* all scores of the tile are in e_s */
+        /* step 2: every thread computes the same new max (reading all of e_s) and
+         * the factor that moves what it accumulated so far onto that max */
         float m_new = m;
         for (int j = 0; j < tile; j++) m_new = fmaxf(m_new, e_s[j]);
         float corr = expf(m - m_new);
-        __syncthreads();
+        __syncthreads(); /* everyone has read the scores: e_s may be overwritten */
+        /* step 3: thread j turns its score into a weight */
         e_s[tid] = tid < tile ? expf(s - m_new) : 0.0f;
-        __syncthreads();
+        __syncthreads(); /* all weights of the tile are in e_s */
+        /* step 4: rescale the running sum and accumulators, add this tile */
         float tile_sum = 0.0f;
         for (int j = 0; j < tile; j++) tile_sum += e_s[j];
         sum = sum * corr + tile_sum;
@@ -1202,6 +1216,8 @@ __global__ void attn_fused_kernel(float *out, float *part, const float *q, kvt_k
         m = m_new;
         __syncthreads(); /* e_s is rewritten by the next tile */
     }
+    /* One piece: this is the answer (the division is the softmax's denominator,
+     * postponed to the end). Several: leave (m, sum, acc) for the merge kernel. */
     if (nsplit == 1) {
         for (int j = 0; tid + j * nt < HS; j++) out[((size_t)r * NH + h) * HS + tid + j * nt] = acc[j] / sum;
     } else {
@@ -1570,7 +1586,11 @@ static void forward_rows(kvt_engine *e, int n, int all_logits) {
     else op->matmul(e->logits, e->xb + (size_t)(n - 1) * D, w->wcls, 1, D, V);
 }
 
-/* Staging, on the host: rows [r0, r0+n) are n new tokens of sequence s at
+/* A forward call describes its rows to the kernels with small int arrays
+ * (position, sequence length, where the sequence's table starts) plus the
+ * tables themselves. They are filled on the host and copied to the device
+ * once per call: a few hundred bytes, next to megabytes of weights.
+ * Staging, on the host: rows [r0, r0+n) are n new tokens of sequence s at
  * positions pos0.., and its chunk table goes to h_tables[tab..]. */
 static void stage_seq(kvt_engine *e, int r0, const kvt_seq *s, int n, int pos0, int tab) {
     int *pos = e->h_rows, *len = e->h_rows + e->rows, *rtab = e->h_rows + 2 * e->rows;
@@ -1586,6 +1606,7 @@ static void stage_upload(kvt_engine *e, const int *tokens, int n, int ntab) {
     buf_upload(e->gpu, e->tables, e->h_tables, (size_t)ntab * sizeof(int));
 }
 
+/* Token ids index the embedding table: one out of range would read past it. */
 static kvt_status check_tokens(const kvt_engine *e, const int *tokens, int n) {
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= e->m->c.vocab_size)
@@ -2407,6 +2428,8 @@ static void usage(FILE *f) {
 }
 
 /* Parse an int/float flag value with its allowed range; 0 on error (message set). */
+/* The whole string must be a number (strtol/strtod's `end` must reach the
+ * NUL), so "12abc" or "" is an error, not 12 or 0. */
 static int arg_long(const char *flag, const char *s, long lo, long hi, long *out) {
     char *end;
     long v = strtol(s, &end, 10);
@@ -2512,6 +2535,8 @@ static int parse_args(kvt_cli *a, int argc, char **argv) {
     return 1;
 }
 
+/* --stats: what the cache holds (kvt_cache_usage_of), what sharing saved,
+ * and the time split between prefill (many rows per call) and decode. */
 static void print_stats(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
     kvt_pool *p = &e->pool;
     kvt_cache_usage u;
@@ -2601,7 +2626,9 @@ static kvt_status run_ppl(kvt_engine *e, kvt_tokenizer *tk, const char *path, do
     return st;
 }
 
-/* Print a token: as text when there is a tokenizer, else as its id. */
+/* Print a token: as text when there is a tokenizer, else as its id. A lone
+ * control byte (a byte-fallback token of a broken UTF-8 sequence, say) is
+ * skipped so the terminal is not confused. */
 static void print_token(const kvt_tokenizer *tk, int prev, int tok) {
     if (!tk) { printf("%d ", tok); return; }
     if (tok == KVT_BOS || tok == KVT_EOS) return; /* markers, not text */
@@ -2610,6 +2637,7 @@ static void print_token(const kvt_tokenizer *tk, int prev, int tok) {
     printf("%s", piece);
 }
 
+/* The one way the CLI reports a failure: the library's message on stderr. */
 static int cli_fail(const char *what) {
     fprintf(stderr, "kvt: %s%s\n", what ? what : "", kvt_errbuf);
     return 1;
@@ -2619,6 +2647,8 @@ static int cli_fail(const char *what) {
  * With --check a CPU engine runs the same steps and every step's logits are
  * compared. */
 static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cli *a, const int *prompt, int np) {
+    /* hist holds the whole sequence so far: kvt_step feeds what the cache lacks
+     * (everything after a reset when the cache is off, else the newest token). */
     int V = m->c.vocab_size, TMAX = m->c.seq_len, ok = 1;
     kvt_engine *ref = NULL;
     kvt_status st = KVT_OK;
@@ -2691,14 +2721,16 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
     int V = m->c.vocab_size, TMAX = m->c.seq_len, fork = a->fork > 1;
     kvt_seq *seqs = (kvt_seq *)calloc((size_t)n_seqs, sizeof(kvt_seq));
     kvt_seq **batch = (kvt_seq **)kvt_malloc((size_t)n_seqs * sizeof(kvt_seq *));
-    kvt_sampler *sm = (kvt_sampler *)kvt_malloc((size_t)n_seqs * sizeof(kvt_sampler));
+    kvt_sampler *sm = (kvt_sampler *)calloc((size_t)n_seqs, sizeof(kvt_sampler)); /* zeroed: safe to free early */
     int *hist = (int *)kvt_malloc((size_t)n_seqs * TMAX * sizeof(int)), *len = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
     int *next = (int *)kvt_malloc((size_t)n_seqs * sizeof(int)), *ones = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
     int *active = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
     float *logits = (float *)kvt_malloc((size_t)n_seqs * V * sizeof(float)), *blog = (float *)kvt_malloc((size_t)n_seqs * V * sizeof(float));
-    KVT_ASSERT(seqs);
+    KVT_ASSERT(seqs && sm);
     kvt_status st = KVT_OK;
     double t0 = kvt_now();
+    /* Prefill. With --fork only sequence 0 computes the prompt; the others are
+     * forks of it, so they share its chunks and start from its logits. */
     for (int i = 0; i < n_seqs && st == KVT_OK; i++) {
         kvt_sampler_init(&sm[i], V, (float)a->temperature, (float)a->topp, (uint64_t)(a->seed + i));
         memcpy(hist + (size_t)i * TMAX, prompts[fork ? 0 : i], (size_t)np[fork ? 0 : i] * sizeof(int));
@@ -2714,6 +2746,10 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
                 st = kvt_forward(e, &seqs[i], hist + (size_t)i * TMAX, len[i], logits + (size_t)i * V, 0);
         }
     }
+    /* Decode. Each step samples one token per live sequence (each with its own
+     * sampler and seed), then runs all of them as one batch. A sequence that
+     * samples BOS/EOS stops; the batch just gets smaller. After the last
+     * sample there is nothing left to run. */
     for (int step = 0; step < a->steps && st == KVT_OK; step++) {
         int nb = 0;
         for (int i = 0; i < n_seqs; i++) {
@@ -2737,14 +2773,16 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
     int rc = st == KVT_OK ? 0 : cli_fail("");
     if (a->stats) {
         print_stats(e, (const kvt_seq *const *)batch_all(seqs, n_seqs), n_seqs);
-        fprintf(stderr, "[stats] %d sequences, wall time %.1f ms (prefill + decode)\n", n_seqs, 1e3 * dt);
+        fprintf(stderr, "[stats] %d sequences, wall time %.1f ms (prefill, decode and sampling)\n", n_seqs, 1e3 * dt);
     }
     for (int i = 0; i < n_seqs; i++) { kvt_seq_free(e, &seqs[i]); kvt_sampler_free(&sm[i]); }
     free(seqs); free(batch); free(sm); free(hist); free(len); free(next); free(ones); free(active); free(logits); free(blog);
     return rc;
 }
 
-/* Read --prompts: one prompt per non-empty line. Returns the count (or -1). */
+/* Read --prompts: one prompt per non-empty line, each encoded with BOS.
+ * Returns the count; on an encoding error -(lines read + 2), so the caller can
+ * free what was read. */
 static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int ***prompts, int **np) {
     FILE *f = fopen(path, "r");
     if (!f) { kvt_fail(KVT_EIO, "--prompts: cannot open '%s'", path); return -1; }
@@ -2776,6 +2814,9 @@ static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int
     return n;
 }
 
+/* main: defaults, flags, model, then one of the runs; every exit after the
+ * model is loaded goes through `done`, which frees everything (valgrind
+ * checks that nothing is lost on any of these paths). */
 int main(int argc, char **argv) {
     kvt_cli a;
     memset(&a, 0, sizeof(a));
