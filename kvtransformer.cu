@@ -257,6 +257,8 @@ static int kvt_cdiv(long a, long b) { return (int)((a + b - 1) / b); }
  * path, cudaMalloc for the GPU path (host memory again in the emulated build).
  * Out of memory is a user-facing error: the model or the pool may simply be too
  * big for this machine, and the message says how many bytes were asked for. */
+/* `what` names the buffer in the message ("the KV cache pool needs ... bytes"),
+ * so a user knows which flag to lower. */
 static kvt_status buf_alloc(int gpu, void **p, size_t bytes, const char *what) {
     *p = NULL;
     if (gpu) {
@@ -463,6 +465,8 @@ kvt_status kvt_model_load(kvt_model *m, const char *path) {
 }
 
 /* xorshift64*: a tiny, fixed random generator (same numbers on every machine). */
+/* (Not rand(): its sequence differs between C libraries, and the tests' random
+ * models must be the same everywhere.) */
 static uint64_t kvt_rng_u64(uint64_t *s) {
     *s ^= *s >> 12; *s ^= *s << 25; *s ^= *s >> 27;
     return *s * 0x2545F4914F6CDD1DULL;
@@ -1911,6 +1915,9 @@ static kvt_status encode_piece(const kvt_tokenizer *t, const char *text, size_t 
     return KVT_OK;
 }
 
+/* Encode into a scratch array sized for the worst case (one token per byte,
+ * plus BOS and the dummy prefix), then copy out only if it fits: a prompt that
+ * is too long is an error with its length, never a silent truncation. */
 kvt_status kvt_encode(const kvt_tokenizer *t, const char *text, int bos, int *tokens, int max_tokens,
                       int *n_tokens) {
     size_t len = strlen(text);
@@ -1926,6 +1933,8 @@ kvt_status kvt_encode(const kvt_tokenizer *t, const char *text, int bos, int *to
     return st;
 }
 
+/* A piece to print: sentencepiece's word-initial space is dropped after BOS,
+ * and a byte token "<0x41>" becomes the byte itself. */
 const char *kvt_decode(const kvt_tokenizer *t, int prev, int tok) {
     const char *piece = t->vocab[tok];
     unsigned int byte;
@@ -1943,6 +1952,7 @@ int kvt_argmax(const float *x, int n) {
     for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
     return best;
 }
+/* The seed is spread over the 64 bits (a zero state would stick at zero). */
 void kvt_sampler_init(kvt_sampler *s, int V, float temperature, float topp, uint64_t seed) {
     s->temperature = temperature;
     s->topp = topp;
@@ -1951,6 +1961,8 @@ void kvt_sampler_init(kvt_sampler *s, int V, float temperature, float topp, uint
 }
 void kvt_sampler_free(kvt_sampler *s) { free(s->cand); s->cand = NULL; }
 
+/* qsort order for top-p: most likely first; equal probabilities by id, so the
+ * order (and the draw) is the same on every machine. */
 static int prob_cmp(const void *a, const void *b) { /* descending probability, then id */
     const struct kvt_prob *x = (const struct kvt_prob *)a, *y = (const struct kvt_prob *)b;
     if (x->p != y->p) return x->p < y->p ? 1 : -1;
@@ -2123,6 +2135,8 @@ static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
     double bw = 0, rbw = 0, wb = kvt_weight_bytes(m);
     if (e->gpu) bw = rbw = kvt_device_bandwidth_gbs();
     else kvt_bandwidth_gbs2(&bw, &rbw);
+    /* a short prompt, one untimed step (threads and caches warm up), then
+     * timed single-token steps: the decode regime, where weights dominate */
     if (st == KVT_OK) st = kvt_forward(e, &s, toks, np, logits, 0);
     if (st == KVT_OK) st = kvt_forward(e, &s, toks + np, 1, logits, 0); /* warm-up */
     double t0 = kvt_now();
