@@ -209,7 +209,6 @@ static cudaError_t cudaMalloc(void **p, size_t bytes) {
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 static cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
-static cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; } /* launches return when done */
 static cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
     (void)kind;
     if (bytes) memcpy(dst, src, bytes);
@@ -288,11 +287,6 @@ static void buf_upload(int gpu, void *dst, const void *src, size_t bytes) {
 static void buf_download(int gpu, void *dst, const void *src, size_t bytes) {
     if (gpu) KVT_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     else if (bytes) memcpy(dst, src, bytes);
-}
-
-/* Wait for the GPU to finish everything launched (for timing). */
-static void kvt_sync(int gpu) {
-    if (gpu) KVT_CUDA(cudaDeviceSynchronize());
 }
 
 /* 1 when GPU kernels can run: a CUDA device, or the emulation. */
@@ -677,13 +671,21 @@ static void pool_copy_chunk(kvt_pool *p, int dst, int src) {
     else memcpy(p->scales + (size_t)dst * p->chunk_scales, p->scales + (size_t)src * p->chunk_scales, sb);
 }
 
+/* 1 when growing s past s->len writes into a shared, partly filled chunk. */
+static int seq_needs_cow(const kvt_pool *p, const kvt_seq *s, int new_len) {
+    return s->len % p->CH != 0 && new_len > s->len && p->refcount[s->table[s->len / p->CH]] > 1;
+}
+/* Chunks s must take from the pool to hold positions [0, new_len). */
+static int seq_chunks_needed(const kvt_pool *p, const kvt_seq *s, int new_len) {
+    return kvt_cdiv(new_len, p->CH) - s->n_table + seq_needs_cow(p, s, new_len);
+}
+
 /* Make room for positions [0, new_len) of s: one chunk per CH positions, plus a
  * private copy of a shared chunk that the next position would be written into.
  * Nothing changes unless all of it fits (so an exhausted pool loses nothing). */
 static kvt_status seq_reserve(kvt_pool *p, kvt_seq *s, int new_len, const char *who) {
-    int want = kvt_cdiv(new_len, p->CH);
-    int cow = s->len % p->CH != 0 && new_len > s->len && p->refcount[s->table[s->len / p->CH]] > 1;
-    int need = want - s->n_table + cow;
+    int want = kvt_cdiv(new_len, p->CH), cow = seq_needs_cow(p, s, new_len);
+    int need = seq_chunks_needed(p, s, new_len);
     if (need > p->n_free)
         return kvt_fail(KVT_EPOOL, "KV cache pool exhausted: %s needs %d more chunk(s) of %d positions "
                         "to reach %d positions, but only %d of %d chunks are free; raise --chunks "
@@ -1654,8 +1656,7 @@ kvt_status kvt_forward(kvt_engine *e, kvt_seq *s, const int *tokens, int n, floa
     memcpy(s->tokens + s->len, tokens, (size_t)n * sizeof(int));
     s->len += n;
     if (share) prefix_register(p, s, s->len - n);
-    kvt_sync(e->gpu); /* (the logits download has already waited for the GPU) */
-    double dt = kvt_now() - t0;
+    double dt = kvt_now() - t0; /* the logits download above waited for the GPU */
     if (n == 1) { e->t_decode += dt; e->n_decode++; }
     else { e->t_prefill += dt; e->n_prefill += n; }
     return KVT_OK;
@@ -1687,8 +1688,7 @@ kvt_status kvt_forward_batch(kvt_engine *e, kvt_seq *const *seqs, int n_seqs, co
     if (st != KVT_OK) return st;
     for (int i = 0; i < n_seqs; i++) { /* all chunks the batch needs, before any is taken */
         const kvt_seq *s = seqs[i];
-        int cow = s->len % p->CH != 0 && p->refcount[s->table[s->len / p->CH]] > 1;
-        need += kvt_cdiv(s->len + ntok[i], p->CH) - s->n_table + cow;
+        need += seq_chunks_needed(p, s, s->len + ntok[i]);
         if (need > p->n_free)
             return kvt_fail(KVT_EPOOL, "KV cache pool exhausted: sequence %d of the batch cannot grow to %d positions "
                             "(the batch needs %d more chunk(s) so far, %d of %d are free); raise --chunks",
@@ -2054,7 +2054,7 @@ static int kvt_check(const char *what, const float *got, const float *want, long
  * a parallel read-only loop (16 independent sums, so it vectorizes). Decode
  * only reads weights, so weight_bytes / read bandwidth is the tighter bound;
  * both are printed. */
-static void kvt_bandwidth_gbs2(double *copy_gbs, double *read_gbs) {
+static void kvt_bandwidth_gbs(double *copy_gbs, double *read_gbs) {
     size_t n = (size_t)64 << 20;
     float *a = (float *)kvt_malloc(n * sizeof(float)), *b = (float *)kvt_malloc(n * sizeof(float));
     long nn = (long)n;
@@ -2105,7 +2105,7 @@ static double kvt_device_bandwidth_gbs(void) {
     return 2.0 * (double)bytes / best / 1e9;
 #else
     double copy, read;
-    kvt_bandwidth_gbs2(&copy, &read); /* the emulation's "device" memory is host memory */
+    kvt_bandwidth_gbs(&copy, &read); /* the emulation's "device" memory is host memory */
     return copy;
 #endif
 }
@@ -2134,7 +2134,7 @@ static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
     kvt_fake_tokens(toks, np + steps, V);
     double bw = 0, rbw = 0, wb = kvt_weight_bytes(m);
     if (e->gpu) bw = rbw = kvt_device_bandwidth_gbs();
-    else kvt_bandwidth_gbs2(&bw, &rbw);
+    else kvt_bandwidth_gbs(&bw, &rbw);
     /* a short prompt, one untimed step (threads and caches warm up), then
      * timed single-token steps: the decode regime, where weights dominate */
     if (st == KVT_OK) st = kvt_forward(e, &s, toks, np, logits, 0);
@@ -2209,6 +2209,16 @@ static kvt_status bench_positions(kvt_model *m, const kvt_options *o, int every,
     kvt_engine_free(e_on);
     kvt_engine_free(e_off);
     return st;
+}
+
+/* Wait for the GPU to finish everything launched (for timing). The emulated
+ * launches return when their work is done, so there is nothing to wait for. */
+static void kvt_sync(int gpu) {
+#ifdef __CUDACC__
+    if (gpu) KVT_CUDA(cudaDeviceSynchronize());
+#else
+    (void)gpu;
+#endif
 }
 
 /* Attention alone, one query row at position T-1 of a cache filled with random
@@ -2611,6 +2621,7 @@ static kvt_status run_ppl(kvt_engine *e, kvt_tokenizer *tk, const char *path, do
     float *logits = (float *)kvt_malloc((size_t)(W + 1) * V * sizeof(float));
     int *win = (int *)kvt_malloc((size_t)(W + 1) * sizeof(int));
     kvt_seq s;
+    memset(&s, 0, sizeof(s)); /* freeing a zeroed sequence is a no-op */
     if (st == KVT_OK) st = kvt_seq_init(e, &s);
     double nll = 0.0;
     long count = 0;
@@ -2629,8 +2640,8 @@ static kvt_status run_ppl(kvt_engine *e, kvt_tokenizer *tk, const char *path, do
             count++;
         }
     }
+    kvt_seq_free(e, &s);
     if (st == KVT_OK) {
-        kvt_seq_free(e, &s);
         printf("ppl: %s from %.3f: %ld tokens, mean NLL %.6f nats/token, perplexity %.4f\n", path, from, count,
                nll / (double)count, exp(nll / (double)count));
     }
@@ -2719,13 +2730,6 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
     return ok ? 0 : 1;
 }
 
-/* Pointers to n sequences (for the functions that take a list of live ones). */
-static const kvt_seq **batch_all(kvt_seq *seqs, int n) {
-    static const kvt_seq *ptrs[4096];
-    for (int i = 0; i < n && i < 4096; i++) ptrs[i] = &seqs[i];
-    return ptrs;
-}
-
 /* Several sequences decoded as one batch: --prompts (one prompt per line) or
  * --fork N (N continuations of one prompt, seeds seed, seed+1, ...). Each
  * prompt is prefilled on its own (reusing cached prefixes), then every step
@@ -2786,7 +2790,8 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
     }
     int rc = st == KVT_OK ? 0 : cli_fail("");
     if (a->stats) {
-        print_stats(e, (const kvt_seq *const *)batch_all(seqs, n_seqs), n_seqs);
+        for (int i = 0; i < n_seqs; i++) batch[i] = &seqs[i]; /* all of them, for the figures */
+        print_stats(e, (const kvt_seq *const *)batch, n_seqs);
         fprintf(stderr, "[stats] %d sequences, wall time %.1f ms (prefill, decode and sampling)\n", n_seqs, 1e3 * dt);
     }
     for (int i = 0; i < n_seqs; i++) { kvt_seq_free(e, &seqs[i]); kvt_sampler_free(&sm[i]); }
