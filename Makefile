@@ -4,7 +4,8 @@
 #   make test       build and run the test suite (./test_kvt)
 #   make test-asan  the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-valgrind   memcheck on a short generation
-#   make bench      speed figures of this machine (tables; CSV and a plot in bench/)
+#   make bench      speed figures of this machine (tables; CSV and plots in bench/)
+#   make bench-targets  the CPU speed table of README.md (medians of 3 runs, ~20 min)
 #   make ppl CORPUS=file   perplexity of the default model per cache type
 #   make debug      -O0 -g build (-G for device code) for gdb / cuda-gdb
 #   make walkthrough  run the README's gdb sessions in batch mode (checks them)
@@ -34,9 +35,27 @@ HASH := \#
 HAVE_BLAS   := $(shell printf '$(HASH)include <cblas.h>\nint main(void){float x=1;cblas_sscal(1,2.0f,&x,1);return x!=2;}\n' | \
                  $(CC) -x c - -o /dev/null $(BLAS_CFLAGS) $(BLAS_LIBS) >/dev/null 2>&1 && echo yes)
 
+# OpenBLAS chooses its kernels for the CPU when it loads. One older than the CPU
+# (Debian 12's 0.3.21 on a 2023 Xeon) falls back to its generic Prescott kernels
+# (SSE3, no FMA: sgemm 3-4x slower; kvtransformer.cu §9 then uses its own loop for
+# every matmul). In that case name the right kernels for everything make runs.
+ifeq ($(HAVE_BLAS),yes)
+  BLAS_CORE := $(shell d=$$(mktemp -d) && printf '$(HASH)include <cblas.h>\n$(HASH)include <stdio.h>\nint main(void){puts(openblas_get_corename());return 0;}\n' | \
+                 $(CC) -x c - -o $$d/probe $(BLAS_CFLAGS) $(BLAS_LIBS) >/dev/null 2>&1 && env -u OPENBLAS_CORETYPE $$d/probe; rm -rf $$d)
+  ifeq ($(BLAS_CORE),Prescott)
+    ifneq ($(shell grep -m1 -ow avx512f /proc/cpuinfo 2>/dev/null),)
+      export OPENBLAS_CORETYPE ?= SkylakeX
+    else ifneq ($(shell grep -m1 -ow avx2 /proc/cpuinfo 2>/dev/null),)
+      export OPENBLAS_CORETYPE ?= Haswell
+    endif
+  endif
+endif
+
 # The C build: the kernels run in the OpenMP emulation (kvtransformer.cu §2).
+# -ffp-contract=fast: a*b+c may be one fused multiply-add (GCC's default in GNU
+# mode, off under -std=c11); the matmul tile (§9) needs it for full speed.
 CFLAGS  ?= -O3 -march=native
-C_ALL    = -x c -std=c11 -Wall -Wextra -fopenmp $(CFLAGS) $(BLAS_CFLAGS)
+C_ALL    = -x c -std=c11 -Wall -Wextra -fopenmp -ffp-contract=fast $(CFLAGS) $(BLAS_CFLAGS)
 # The nvcc build: real kernels for Ampere (sm_80) and Hopper (sm_90).
 NVFLAGS ?= -O2
 GENCODE  = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
@@ -54,12 +73,12 @@ endif
 # Barriers of the emulated kernels are far cheaper when idle threads sleep.
 export OMP_WAIT_POLICY ?= passive
 
-.PHONY: ppl all run test test-asan test-valgrind bench debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
+.PHONY: ppl all run test test-asan test-valgrind bench bench-targets plots debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
 
 all: deps kvt
 
 deps:
-	@echo "[make] build: $(BUILD) (nvcc: $(if $(NVCC),$(NVCC),not found); GPU: $(if $(HAVE_GPU),found,none)); OpenBLAS: $(if $(HAVE_BLAS),found,missing)"
+	@echo "[make] build: $(BUILD) (nvcc: $(if $(NVCC),$(NVCC),not found); GPU: $(if $(HAVE_GPU),found,none)); OpenBLAS: $(if $(HAVE_BLAS),found (kernels: $(BLAS_CORE)$(if $(OPENBLAS_CORETYPE), -> OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE))),missing)"
 ifneq ($(HAVE_BLAS),yes)
 	@if [ "$$(id -u)" = 0 ]; then \
 	  echo "[make] installing OpenBLAS: apt-get install -y libopenblas-dev"; \
@@ -74,10 +93,10 @@ ifneq ($(HAVE_BLAS),yes)
 	fi
 endif
 
-kvt: kvtransformer.cu kvtransformer.h
+kvt: kvtransformer.cu kvtransformer.h Makefile
 	$(COMPILE) kvtransformer.cu -o $@ $(LIBS) $(LINKX)
 
-test_kvt: test.c kvtransformer.cu kvtransformer.h
+test_kvt: test.c kvtransformer.cu kvtransformer.h Makefile
 	$(COMPILE) test.c -o $@ $(LIBS) $(LINKX)
 
 run: all
@@ -92,8 +111,9 @@ test-asan: deps
 	$(CC) $(C_ALL) $(ASAN) test.c -o test_kvt-asan $(LIBS)
 	ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 ./test_kvt-asan ./kvt-asan
 
-# valgrind 3.19 does not know every instruction -march=native may emit: a plain -O1 -g build.
-VALGRIND = valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite
+# valgrind 3.19 does not know every instruction -march=native may emit (AVX-512): a
+# plain -O1 -g build, and OpenBLAS left to pick kernels for the CPU valgrind shows it.
+VALGRIND = env -u OPENBLAS_CORETYPE valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite
 test-valgrind: deps
 	$(CC) -x c -std=c11 -Wall -Wextra -fopenmp -O1 -g $(BLAS_CFLAGS) kvtransformer.cu -o kvt-valgrind $(LIBS)
 	$(VALGRIND) ./kvt-valgrind -n 32 --stats
@@ -102,12 +122,22 @@ test-valgrind: deps
 	$(VALGRIND) ./kvt-valgrind --bogus; test $$? = 1
 	@echo "[make] valgrind: no errors, no definitely lost bytes"
 
-# The measurements in README.md, on this machine: tables on stdout, CSV (and a
-# PNG plot when gnuplot is installed) in bench/.
+# The measurements in README.md, on this machine: tables on stdout, CSV and PNG
+# plots in bench/ (gnuplot is installed like OpenBLAS when it is missing).
 B15 = --random 288,6,6,6,768,32000,1024
+B110 = --random 768,12,12,12,2048,32000,1024
+B110L = --random 768,12,12,12,2048,32000,4096
 bench: deps kvt
 	@mkdir -p bench
-	./kvt --random 768,12,12,12,2048,32000,1024 --bench decode --csv bench/decode_110m.csv
+	./kvt $(B110) --bench decode --csv bench/decode_110m.csv
+	./kvt $(B110) --bench matmul --csv bench/matmul_110m.csv
+	./kvt $(B110) --bench context --bench-ctx 960 --bench-batch 1 --csv bench/context_b1_960.csv
+	./kvt $(B110) --bench context --bench-ctx 960 --bench-batch 16 --csv bench/context_b16_960.csv
+	./kvt $(B110L) --bench context --bench-ctx 4000 --bench-batch 4 --csv bench/context_b4_4000.csv
+	for t in 250 1000 2000; do ./kvt $(B110L) --bench context --bench-ctx $$t --bench-batch 4 \
+	  --csv bench/context_b4_$$t.csv || exit 1; done
+	(head -1 bench/context_b4_250.csv; for d in fp32 fp16 int8; do for t in 250 1000 2000 4000; do \
+	  grep "^$$d," bench/context_b4_$$t.csv; done; done) > bench/context_curve.csv
 	for dt in fp32 fp16 int8; do \
 	  ./kvt $(B15) --bench positions --bench-every 64 --kv-dtype $$dt --csv bench/positions_$$dt.csv || exit 1; done
 	./kvt $(B15) --bench stages --bench-ctx 1000 --csv bench/stages.csv
@@ -115,14 +145,34 @@ bench: deps kvt
 	./kvt --random 512,1,8,2,1024,100,4096 --bench attention --bench-ctx 4096 --csv bench/attention_4096.csv
 	./kvt $(B15) --prompt-tokens 400 --fork 8 -n 100 --chunk 16 --stats -t 0.8 2>&1 >/dev/null | grep stats | tee bench/fork8.txt
 	./kvt $(B15) --prompt-tokens 400 --fork 8 -n 100 --chunk 16 --stats -t 0.8 --fork-share off 2>&1 >/dev/null | grep stats | tee bench/fork8_independent.txt
-	@if command -v gnuplot >/dev/null; then gnuplot -e "set terminal png size 800,500; set output 'bench/positions.png'; \
-	  set datafile separator ','; set key left top; set logscale y; set xlabel 'position'; set ylabel 'ms per generated token'; \
-	  set title 'stories15M shape on the CPU: cache off vs on, by cache type'; \
+	@$(MAKE) --no-print-directory plots
+
+# README's table of the CPU speed targets: each measurement 3 times, medians.
+bench-targets: deps kvt
+	bash bench/targets.sh
+
+# The plots of make bench's CSV files.
+GNUPLOT = gnuplot -e "set terminal png size 900,500; set datafile separator ','; set key left top
+plots:
+	@command -v gnuplot >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq gnuplot-nox >/dev/null || (apt-get update -qq && apt-get install -y -qq gnuplot-nox >/dev/null); \
+	  elif sudo -n true 2>/dev/null; then sudo apt-get install -y -qq gnuplot-nox >/dev/null; fi; }
+	@command -v gnuplot >/dev/null || { echo "[make] no gnuplot (install gnuplot-nox): no plots"; exit 0; }; \
+	$(GNUPLOT); set output 'bench/positions.png'; set logscale y; set xlabel 'position'; \
+	  set ylabel 'ms per generated token'; set title 'stories15M shape on the CPU: cache off vs on, by cache type'; \
 	  plot 'bench/positions_fp32.csv' using 1:3 skip 1 with linespoints title 'cache off', \
 	  'bench/positions_fp32.csv' using 1:2 skip 1 with linespoints title 'cache on, fp32', \
 	  'bench/positions_fp16.csv' using 1:2 skip 1 with linespoints title 'cache on, fp16', \
-	  'bench/positions_int8.csv' using 1:2 skip 1 with linespoints title 'cache on, int8'" && echo "[make] wrote bench/positions.png"; \
-	else echo "[make] gnuplot not installed (apt-get install gnuplot-nox): no plot"; fi
+	  'bench/positions_int8.csv' using 1:2 skip 1 with linespoints title 'cache on, int8'" && \
+	$(GNUPLOT); set output 'bench/context.png'; set xlabel 'context (positions cached per sequence)'; \
+	  set ylabel 'decode tokens/s (4 sequences)'; set yrange [0:*]; \
+	  set title 'stories110M shape on the CPU, 4 sequences: decode speed by cache type'; \
+	  set key outside right; d = 'fp32 fp16 int8'; \
+	  plot for [i=1:3] 'bench/context_curve.csv' using 3:(strcol(1) eq word(d,i) ? \$$5 : 1/0) skip 1 \
+	  with linespoints linewidth 2 linecolor i title word(d,i), for [i=1:3] 'bench/context_curve.csv' \
+	  using 3:(strcol(1) eq word(d,i) ? \$$7 : 1/0) skip 1 with lines dashtype 2 linecolor i \
+	  title word(d,i).' bound'" && \
+	echo "[make] wrote bench/positions.png and bench/context.png"
 
 # Perplexity of the default model per cache type (needs the corpus, e.g.
 # make ppl CORPUS=../shared/data/tinyshakespeare.txt): the held-out last 10%.
