@@ -9,7 +9,7 @@
 #   make ppl CORPUS=file   perplexity of the default model per cache type
 #   make debug      -O0 -g build (-G for device code) for gdb / cuda-gdb
 #   make walkthrough  run the README's gdb sessions in batch mode (checks them)
-#   make fuzz       libFuzzer on the checkpoint loader, tokenizer loader, prompt encoder
+#   make fuzz       libFuzzer on the checkpoint loader, tokenizer loader, prompt encoder, command line
 #   make exercise N=k   check exercise k (README, Exercises); make exercises-selftest
 #   make nvcc-check compile the CUDA build for sm_80 and sm_90 (no GPU needed)
 #   make gpu-check  on a GPU machine: nvcc build, tests and GPU bench in one go
@@ -193,13 +193,13 @@ else
 endif
 
 # Fuzzing (clang + libFuzzer): FUZZ_SECONDS per target, corpus and crashes in FUZZ_DIR.
-FUZZ_SECONDS ?= 200
+FUZZ_SECONDS ?= 150
 FUZZ_DIR ?= /tmp/kvt-fuzz
 FUZZ_CC = clang -x c -std=c11 -g -O1 -fopenmp -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 fuzz: deps test_kvt
-	mkdir -p $(FUZZ_DIR)/model $(FUZZ_DIR)/tokenizer $(FUZZ_DIR)/prompt $(FUZZ_DIR)/crashes
+	mkdir -p $(FUZZ_DIR)/model $(FUZZ_DIR)/tokenizer $(FUZZ_DIR)/prompt $(FUZZ_DIR)/cli $(FUZZ_DIR)/crashes
 	./test_kvt --write-fuzz-seeds $(FUZZ_DIR)
-	for t in 1:model 2:tokenizer 3:prompt; do \
+	for t in 1:model 2:tokenizer 3:prompt 4:cli; do \
 	  n=$${t%%:*}; name=$${t#*:}; \
 	  $(FUZZ_CC) -DKVT_FUZZ=$$n $(BLAS_CFLAGS) test.c -o $(FUZZ_DIR)/fuzz_$$name $(LIBS) || exit 1; \
 	  $(FUZZ_DIR)/fuzz_$$name -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \

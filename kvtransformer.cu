@@ -30,6 +30,8 @@
 
 // §1 includes, errors, timers ------------------------------------------------
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, fseeko, strdup */
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -37,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <cblas.h>
 #include <omp.h>
 #if defined(__F16C__) || defined(__AVX512F__)
@@ -78,6 +81,49 @@ static void *kvt_malloc(size_t bytes) { /* invariant-level allocation (small) */
     return p;
 }
 
+/* Open a user's file for reading. On failure the message says why, in the C
+ * library's words ("No such file or directory", "Permission denied"); a
+ * directory is refused here, because fopen accepts one on Linux and only the
+ * first read fails (or ftello reports 2^63 bytes). what: "checkpoint", ... */
+static kvt_status kvt_open_read(FILE **f, const char *path, const char *what) {
+    struct stat sb;
+    *f = fopen(path, "rb");
+    if (!*f) return kvt_fail(KVT_EIO, "cannot open %s '%s': %s", what, path, strerror(errno));
+    if (fstat(fileno(*f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fclose(*f);
+        *f = NULL;
+        return kvt_fail(KVT_EIO, "cannot read %s '%s': it is a directory", what, path);
+    }
+    return KVT_OK;
+}
+/* A whole file into memory (+ a NUL), read in pieces: no size is assumed, so
+ * pipes and /proc files work too (their size is unknown until the end). */
+static kvt_status kvt_read_file(const char *path, const char *what, char **text, size_t *len) {
+    FILE *f;
+    kvt_status st = kvt_open_read(&f, path, what);
+    size_t cap = 1 << 16, n = 0;
+    *text = NULL;
+    *len = 0;
+    if (st != KVT_OK) return st;
+    char *buf = (char *)malloc(cap + 1);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break; /* the end of the file, or an error (ferror below) */
+        char *grown = cap <= SIZE_MAX / 4 ? (char *)realloc(buf, 2 * cap + 1) : NULL;
+        if (!grown) { free(buf); buf = NULL; break; }
+        buf = grown;
+        cap *= 2;
+    }
+    if (!buf) st = kvt_fail(KVT_ENOMEM, "host out of memory reading %s '%s' (more than %zu bytes)", what, path, n);
+    else if (ferror(f)) st = kvt_fail(KVT_EIO, "cannot read %s '%s': %s", what, path, strerror(errno));
+    fclose(f);
+    if (st != KVT_OK) { free(buf); return st; }
+    buf[n] = '\0';
+    *text = buf;
+    *len = n;
+    return KVT_OK;
+}
+
 static double kvt_now(void) { /* seconds, monotonic */
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -107,6 +153,7 @@ static double kvt_now(void) { /* seconds, monotonic */
 #define KVT_MAX_WARPS (KVT_MAX_THREADS / 32)
 #define KVT_MAX_HS 256      /* largest head size the attention kernels hold */
 #define KVT_MAX_ROWS 4096   /* most rows (new tokens) in one forward call */
+#define KVT_MAX_SEQS 4096   /* most sequences in one engine (max_seqs) */
 
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
@@ -417,11 +464,14 @@ static kvt_status kvt_model_setup(kvt_model *m, kvt_config c, int shared) {
  * that fails any check, and nothing is read past the end of a good one. */
 kvt_status kvt_model_load(kvt_model *m, const char *path) {
     memset(m, 0, sizeof(*m));
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvt_fail(KVT_EIO, "cannot open checkpoint '%s'", path);
-    fseeko(f, 0, SEEK_END);
-    long long file_bytes = (long long)ftello(f);
-    fseeko(f, 0, SEEK_SET);
+    FILE *f;
+    kvt_status st = kvt_open_read(&f, path, "checkpoint");
+    if (st != KVT_OK) return st;
+    long long file_bytes = fseeko(f, 0, SEEK_END) == 0 ? (long long)ftello(f) : -1;
+    if (file_bytes < 0 || fseeko(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return kvt_fail(KVT_EIO, "checkpoint '%s': cannot find its size (a pipe or device? give a regular file)", path);
+    }
     kvt_config c;
     if (file_bytes < (long long)sizeof(c) || fread(&c, sizeof(c), 1, f) != 1) {
         fclose(f);
@@ -433,7 +483,7 @@ kvt_status kvt_model_load(kvt_model *m, const char *path) {
         return kvt_fail(KVT_EFORMAT, "checkpoint '%s' has llama2.c's versioned header (magic 'ak42'); "
                         "export it in the legacy version 0 format", path);
     }
-    kvt_status st = kvt_config_check(&c);
+    st = kvt_config_check(&c);
     if (st != KVT_OK) {
         fclose(f);
         char msg[sizeof(kvt_errbuf)];
@@ -2186,9 +2236,9 @@ void kvt_tokenizer_free(kvt_tokenizer *t) {
  * the V-th token: a tokenizer for another vocabulary size is caught here. */
 kvt_status kvt_tokenizer_load(kvt_tokenizer *t, const char *path, int V) {
     memset(t, 0, sizeof(*t));
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvt_fail(KVT_EIO, "cannot open tokenizer '%s'", path);
-    kvt_status st = KVT_OK;
+    FILE *f;
+    kvt_status st = kvt_open_read(&f, path, "tokenizer");
+    if (st != KVT_OK) return st;
     t->vocab_size = V;
     t->vocab = (char **)calloc((size_t)V, sizeof(char *));
     t->scores = (float *)malloc((size_t)V * sizeof(float));
@@ -2339,14 +2389,18 @@ static int prob_cmp(const void *a, const void *b) { /* descending probability, t
     if (x->p != y->p) return x->p < y->p ? 1 : -1;
     return x->id - y->id;
 }
-/* Softmax with the max subtracted (so expf never overflows), then one uniform
- * draw u: walk the cumulative distribution until it passes u. With top-p the
- * walk is over the sorted nucleus and u is scaled by the nucleus' mass. */
+/* Softmax of (logit - max) / T: every exponent is <= 0, so expf never
+ * overflows, however small T is (dividing first, logits / 1e-40 overflowed to
+ * inf and inf - inf made NaN). Then one uniform draw u: walk the cumulative
+ * distribution until it passes u. With top-p the walk is over the sorted
+ * nucleus and u is scaled by the nucleus' mass. A temperature below
+ * KVT_MIN_TEMPERATURE is taken as 0 (greedy): --help says so. */
+#define KVT_MIN_TEMPERATURE 1e-6f
 int kvt_sample(kvt_sampler *s, float *logits, int V) {
-    if (s->temperature == 0.0f) return kvt_argmax(logits, V);
+    if (s->temperature < KVT_MIN_TEMPERATURE) return kvt_argmax(logits, V);
     float mx = -INFINITY, sum = 0.0f;
-    for (int i = 0; i < V; i++) { logits[i] /= s->temperature; mx = fmaxf(mx, logits[i]); }
-    for (int i = 0; i < V; i++) { logits[i] = expf(logits[i] - mx); sum += logits[i]; }
+    for (int i = 0; i < V; i++) mx = fmaxf(mx, logits[i]);
+    for (int i = 0; i < V; i++) { logits[i] = expf((logits[i] - mx) / s->temperature); sum += logits[i]; }
     for (int i = 0; i < V; i++) logits[i] /= sum;
     float u = kvt_rng_f32(&s->state);
     if (s->topp <= 0.0f || s->topp >= 1.0f) { /* plain draw from the whole distribution */
@@ -2373,6 +2427,14 @@ int kvt_sample(kvt_sampler *s, float *logits, int V) {
 }
 
 // §18 checks (compare two arrays) -------------------------------------------------------
+/* The first non-finite value (NaN or +-Inf) of x, or -1. The command line
+ * checks every step's logits with it (one pass over V: cheap next to the
+ * step): a checkpoint with NaN weights otherwise decodes as "zzzz..." or <unk>
+ * and exits 0. */
+static long kvt_first_nonfinite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) if (!isfinite(x[i])) return (long)i;
+    return -1;
+}
 /* Tolerance of GPU vs CPU logits (--check, make test): the kernels sum in other
  * orders than OpenBLAS and use the device's expf/powf; fp32 rounding then
  * differs by ~1e-7 relative per op, growing through the layers to ~1e-6 on
@@ -2426,7 +2488,7 @@ static int kvt_check(const char *what, const float *got, const float *want, long
 }
 
 // §19 benchmarks ------------------------------------------------------------------------
-#ifndef KVT_NO_MAIN
+#if !defined(KVT_NO_MAIN) || defined(KVT_CLI) /* the benchmarks: for the command line only */
 /* Memory bandwidth of this machine, two ways, over 256 MiB arrays, best of 5:
  * a parallel copy loop (bytes read + bytes written, as STREAM counts it) and
  * a parallel read-only loop (16 independent sums, so it vectorizes). Decode
@@ -2902,7 +2964,7 @@ static kvt_status bench_matmul(kvt_model *m, FILE *csv) {
 #endif
 
 // §20 command line ------------------------------------------------------------------------
-#ifndef KVT_NO_MAIN
+#if !defined(KVT_NO_MAIN) || defined(KVT_CLI) /* KVT_CLI: test.c's command-line fuzz target */
 /* The command line is a thin layer over the library above: parse and check
  * every flag (one line naming the flag and its range on error), load the
  * model and tokenizer, make one engine, then one of four runs:
@@ -2917,18 +2979,19 @@ static void usage(FILE *f) {
         "  -m, --model PATH        llama2.c checkpoint (default weights/model.bin)\n"
         "  -z, --tokenizer PATH    llama2.c tokenizer.bin (default weights/tokenizer.bin)\n"
         "  --random D,L,NH,NKV,HD,V,TMAX  a deterministic random model instead (prints token ids)\n"
+        "  --prompt-tokens N       --random: a prompt of N made-up token ids (default 8, at most TMAX / 2)\n"
         "  -i, --prompt TEXT       prompt (default \"ROMEO:\")\n"
-        "  --prompt-tokens N       --random: a prompt of N made-up token ids (default 8)\n"
         "  --prompts FILE          one prompt per line, all decoded as one batch\n"
         "  --fork N                N continuations of the prompt (seeds seed, seed+1, ...), sharing its cache\n"
         "  --fork-share on|off     off: each --fork continuation computes and stores the prompt itself\n"
         "  --prefix-cache on|off   reuse cached chunks of a live sequence with the same prompt prefix (default on)\n"
         "  -n, --steps N           tokens to generate (default 256, at most TMAX - prompt)\n"
-        "  -t, --temperature F     0 = greedy (default 0.8)\n"
+        "  -t, --temperature F     0 = greedy (default 0.8); below 1e-6 counts as 0 (greedy)\n"
         "  -p, --topp F            nucleus sampling threshold in (0, 1] (default 0.9)\n"
         "  -s, --seed N            sampling seed (default 42)\n"
         "  --kv-cache on|off       off: every step recomputes the whole sequence (default on)\n"
-        "  --chunk CH              positions per cache chunk, 1..TMAX (default 16; TMAX = contiguous)\n"
+        "  --chunk CH              positions per cache chunk, 1..TMAX (default 16, or TMAX if smaller;\n"
+        "                          TMAX = contiguous)\n"
         "  --chunks N              chunks in the pool (default: enough for every sequence at TMAX)\n"
         "  --kv-dtype fp32|fp16|int8   cache element type (default fp32)\n"
         "  --kv-group G            int8: channels per scale, must divide HS (default 32, else 16, else the\n"
@@ -2975,6 +3038,38 @@ static int arg_float(const char *flag, const char *s, double lo, double hi, doub
     *out = v;
     return 1;
 }
+/* --random D,L,NH,NKV,HD,V,TMAX: exactly 7 integers, each in [1, INT_MAX]
+ * (sscanf's %d accepted "64abc", an 8th field, and wrapped 4294967360 to 64).
+ * The sizes are then checked together by kvt_config_check. */
+static int arg_random(const char *s, kvt_config *r) {
+    static const char *const names[7] = {"D", "L", "NH", "NKV", "HD", "V", "TMAX"};
+    int *field[7] = {&r->dim, &r->n_layers, &r->n_heads, &r->n_kv_heads, &r->hidden_dim, &r->vocab_size, &r->seq_len};
+    const char *p = s;
+    for (int i = 0; i < 7; i++) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 1 || v > INT_MAX || *end != (i < 6 ? ',' : '\0')) {
+            char why[64];
+            if (end == p || (*end != ',' && *end != '\0')) snprintf(why, sizeof(why), "field %d (%s) is not an integer", i + 1, names[i]);
+            else if (errno || v < 1 || v > INT_MAX) snprintf(why, sizeof(why), "field %d (%s) is out of range", i + 1, names[i]);
+            else if (*end == ',') snprintf(why, sizeof(why), "more than 7 fields");
+            else snprintf(why, sizeof(why), "only %d fields", i + 1);
+            kvt_fail(KVT_EARG, "--random '%s': expected D,L,NH,NKV,HD,V,TMAX (7 integers in [1, %d]): %s", s, INT_MAX, why);
+            return 0;
+        }
+        *field[i] = (int)v;
+        p = end + 1;
+    }
+    r->vocab_size = -r->vocab_size; /* an unshared classifier (spread-out logits) */
+    if (kvt_config_check(r) != KVT_OK) {
+        char msg[sizeof(kvt_errbuf)];
+        snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
+        kvt_fail(KVT_EARG, "--random: %s", msg);
+        return 0;
+    }
+    return 1;
+}
 static int arg_choice(const char *flag, const char *s, const char *const *names, int n, int *out) {
     for (int i = 0; i < n; i++) if (!strcmp(s, names[i])) { *out = i; return 1; }
     char list[128] = "";
@@ -2984,6 +3079,8 @@ static int arg_choice(const char *flag, const char *s, const char *const *names,
 }
 
 typedef struct {
+    int argc;      /* the command line, for cli_gave */
+    char **argv;
     const char *model, *tokenizer, *prompt, *ppl, *bench, *csv, *prompts;
     int random, steps, stats, check, group_set, bench_every, bench_ctx, bench_batch, fork, prompt_tokens, fork_share;
     kvt_config rc;
@@ -2993,16 +3090,20 @@ typedef struct {
 } kvt_cli;
 
 /* Flags with a value are listed in `valued`, so an unknown flag is reported as
- * unknown (and not as "missing its value") wherever it stands. */
+ * unknown (and not as "missing its value") wherever it stands. Returns 1 when
+ * all flags are good, 2 for --help, 0 on an error (message set). Nothing is
+ * allocated and nothing exits here (the command-line fuzz target calls it). */
 static int parse_args(kvt_cli *a, int argc, char **argv) {
     static const char *const onoff[] = {"off", "on"}, *const dtypes[] = {"fp32", "fp16", "int8"},
                              *const attns[] = {"naive", "fused"}, *const devs[] = {"cpu", "gpu"},
                              *const benches[] = {"decode", "positions", "batch", "attention", "stages", "context", "matmul"};
     long v;
     int c;
+    a->argc = argc;
+    a->argv = argv;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
-        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) return 2;
         if (!strcmp(f, "--stats")) { a->stats = 1; continue; }
         if (!strcmp(f, "--check")) { a->check = 1; continue; }
         static const char *const valued[] = {"-m", "--model", "-z", "--tokenizer", "-i", "--prompt", "--ppl", "--csv",
@@ -3021,25 +3122,10 @@ static int parse_args(kvt_cli *a, int argc, char **argv) {
         else if (!strcmp(f, "--ppl")) a->ppl = s;
         else if (!strcmp(f, "--csv")) a->csv = s;
         else if (!strcmp(f, "--prompts")) a->prompts = s;
-        else if (!strcmp(f, "--fork")) { if (!arg_long(f, s, 1, 4096, &v)) return 0; a->fork = (int)v; }
+        else if (!strcmp(f, "--fork")) { if (!arg_long(f, s, 1, KVT_MAX_SEQS, &v)) return 0; a->fork = (int)v; }
         else if (!strcmp(f, "--prompt-tokens")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->prompt_tokens = (int)v; }
         else if (!strcmp(f, "--prefix-cache")) { if (!arg_choice(f, s, onoff, 2, &a->o.prefix_reuse)) return 0; }
-        else if (!strcmp(f, "--random")) {
-            kvt_config *r = &a->rc;
-            if (sscanf(s, "%d,%d,%d,%d,%d,%d,%d", &r->dim, &r->n_layers, &r->n_heads, &r->n_kv_heads,
-                       &r->hidden_dim, &r->vocab_size, &r->seq_len) != 7) {
-                kvt_fail(KVT_EARG, "--random '%s': expected D,L,NH,NKV,HD,V,TMAX (7 integers)", s);
-                return 0;
-            }
-            r->vocab_size = -abs(r->vocab_size); /* unshared classifier (spread-out logits) */
-            if (kvt_config_check(r) != KVT_OK) {
-                char msg[sizeof(kvt_errbuf)];
-                snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
-                kvt_fail(KVT_EARG, "--random: %s", msg);
-                return 0;
-            }
-            a->random = 1;
-        }
+        else if (!strcmp(f, "--random")) { if (!arg_random(s, &a->rc)) return 0; a->random = 1; }
         else if (!strcmp(f, "-n") || !strcmp(f, "--steps")) { if (!arg_long(f, s, 0, KVT_LIMIT_SEQ, &v)) return 0; a->steps = (int)v; }
         else if (!strcmp(f, "-t") || !strcmp(f, "--temperature")) { if (!arg_float(f, s, 0, 100, &a->temperature)) return 0; }
         else if (!strcmp(f, "-p") || !strcmp(f, "--topp")) { if (!arg_float(f, s, 1e-6, 1, &a->topp)) return 0; }
@@ -3058,6 +3144,54 @@ static int parse_args(kvt_cli *a, int argc, char **argv) {
         else if (!strcmp(f, "--bench-ctx")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->bench_ctx = (int)v; }
         else if (!strcmp(f, "--bench-batch")) { if (!arg_long(f, s, 1, 256, &v)) return 0; a->bench_batch = (int)v; }
         else if (!strcmp(f, "--bench-every")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->bench_every = (int)v; }
+    }
+    return 1;
+}
+
+/* Did the user give this flag (or its other spelling alt, may be NULL)? Only
+ * flag positions count, not values ("-i --chunk" is a prompt). */
+static int cli_gave(const kvt_cli *a, const char *flag, const char *alt) {
+    for (int i = 1; i < a->argc; i++) {
+        if (!strcmp(a->argv[i], flag) || (alt && !strcmp(a->argv[i], alt))) return 1;
+        if (strcmp(a->argv[i], "--stats") && strcmp(a->argv[i], "--check")) i++; /* skip the flag's value */
+    }
+    return 0;
+}
+
+/* The checks that need the model's shape (c: TMAX, HS) but nothing else: flag
+ * combinations that would silently ignore a flag, and the defaults fitted to
+ * a small model (a default that does not fit is changed, not reported under
+ * the name of a flag the user never gave). No allocation, no exit: the
+ * command-line fuzz target runs it. Returns 1 when the flags can run. */
+static int cli_check(kvt_cli *a, const kvt_config *c) {
+    int TMAX = c->seq_len, HS = c->dim / c->n_heads;
+    int gave_prompt = cli_gave(a, "-i", "--prompt"), fork = a->fork > 0;
+    struct { int bad; const char *why; } rules[] = {
+        {fork && a->prompts, "--fork continues one prompt and --prompts gives several: use one of them"},
+        {gave_prompt && a->prompts, "-i/--prompt and --prompts both give the prompt: use one of them"},
+        {a->ppl && (a->prompts || fork), "--ppl scores a file: it decodes no --prompts or --fork"},
+        {a->bench && (a->ppl || a->prompts || fork || a->check),
+         "--bench is a run of its own: drop --ppl, --prompts, --fork and --check"},
+        {a->ppl && a->check, "--check compares a decoding run: drop --ppl"},
+        {gave_prompt && a->random, "-i needs a tokenizer: a --random model takes --prompt-tokens N"},
+        {cli_gave(a, "--prompt-tokens", NULL) && !a->random, "--prompt-tokens is for --random models: give text with -i"},
+        {a->csv && !a->bench, "--csv writes the table of a --bench run: add --bench"},
+        {a->group_set && a->o.kv_dtype != KVT_INT8 && !a->bench,
+         "--kv-group sets the channels per scale of an int8 cache: add --kv-dtype int8"},
+        {cli_gave(a, "--split", NULL) && a->o.attn == KVT_ATTN_NAIVE, "--split divides the fused attention: drop it "
+         "or use --attn fused"},
+        {cli_gave(a, "--ppl-from", NULL) && !a->ppl, "--ppl-from needs --ppl"},
+        {(cli_gave(a, "--bench-ctx", NULL) || cli_gave(a, "--bench-batch", NULL) || cli_gave(a, "--bench-every", NULL))
+         && !a->bench, "--bench-ctx, --bench-batch and --bench-every need --bench"},
+        {cli_gave(a, "--fork-share", NULL) && a->fork < 2, "--fork-share needs --fork N with N >= 2"},
+    };
+    for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
+        if (rules[i].bad) { kvt_fail(KVT_EARG, "%s", rules[i].why); return 0; }
+    if (!cli_gave(a, "--chunk", NULL) && a->o.CH > TMAX) a->o.CH = TMAX; /* the default 16, for TMAX < 16 */
+    if (!cli_gave(a, "--prompt-tokens", NULL)) a->prompt_tokens = TMAX / 2 < 8 ? (TMAX / 2 > 1 ? TMAX / 2 : 1) : 8;
+    if (!a->group_set) { /* the default G: 32, else 16 (the CPU's loops take 16 channels of one */
+        a->o.kv_group = HS % 32 == 0 ? 32 : 16; /* scale at a time, §10), else HS's largest divisor below 32 */
+        if (HS % a->o.kv_group) for (a->o.kv_group = 31; HS % a->o.kv_group; a->o.kv_group--) {}
     }
     return 1;
 }
@@ -3101,27 +3235,36 @@ static void print_stats(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
  * earlier pieces), so a quantized cache changes the result: that is what
  * --ppl measures for --kv-dtype. */
 static kvt_status run_ppl(kvt_engine *e, kvt_tokenizer *tk, const char *path, double from) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvt_fail(KVT_EIO, "--ppl: cannot open '%s'", path);
-    fseeko(f, 0, SEEK_END);
-    long long size = (long long)ftello(f), start = (long long)(from * (double)size);
-    fseeko(f, start, SEEK_SET);
-    size_t len = (size_t)(size - start);
-    char *text = (char *)kvt_malloc(len + 1);
-    len = fread(text, 1, len, f);
-    text[len] = '\0';
-    fclose(f);
+    int V = e->m->c.vocab_size, W = e->m->c.seq_len - 1;
+    if (W < 1)
+        return kvt_fail(KVT_ECONTEXT, "--ppl needs TMAX >= 2 (a window is BOS, then the tokens it predicts); this model "
+                        "has TMAX = %d", W + 1);
+    char *text;
+    size_t size;
+    kvt_status st = kvt_read_file(path, "--ppl file", &text, &size);
+    if (st != KVT_OK) return st;
+    size_t start = (size_t)(from * (double)size), len = size - start;
+    if (len > (size_t)INT_MAX - 3) { free(text); return kvt_fail(KVT_EARG, "--ppl '%s': %zu bytes, more than this "
+                                                                   "program scores at once (2^31)", path, len); }
+    long line = 1; /* the file's line number of text[i], for error messages */
+    for (size_t i = 0; i < start; i++) line += text[i] == '\n';
     int *ids = (int *)kvt_malloc((len + 3) * sizeof(int)), n = 0;
-    kvt_status st = KVT_OK;
-    for (size_t i = 0; i < len && st == KVT_OK;) { /* line by line keeps BPE merging fast */
+    for (size_t i = start; i < size && st == KVT_OK; line++) { /* line by line, each piece merged on its own */
         size_t j = i;
-        while (j < len && text[j] != '\n') j++;
-        if (j < len) j++;
-        st = encode_piece(tk, text + i, j - i, i == 0 && tk->dummy_prefix, ids, &n);
+        while (j < size && text[j] != '\n') j++;
+        if (j < size) j++;
+        st = encode_piece(tk, text + i, j - i, i == start && tk->dummy_prefix, ids, &n);
+        if (st != KVT_OK) {
+            char msg[sizeof(kvt_errbuf)];
+            snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
+            kvt_fail(st, "--ppl '%s' line %ld: %s", path, line, msg);
+        }
         i = j;
     }
     free(text);
-    int V = e->m->c.vocab_size, W = e->m->c.seq_len - 1;
+    if (st == KVT_OK && n == 0)
+        st = kvt_fail(KVT_EARG, "--ppl '%s'%s: no text to score (0 tokens)", path, from > 0 ? " from --ppl-from" : "");
+    if (st != KVT_OK) { free(ids); return st; }
     float *logits = (float *)kvt_malloc((size_t)(W + 1) * V * sizeof(float));
     int *win = (int *)kvt_malloc((size_t)(W + 1) * sizeof(int));
     kvt_seq s;
@@ -3135,6 +3278,10 @@ static kvt_status run_ppl(kvt_engine *e, kvt_tokenizer *tk, const char *path, do
         memcpy(win + 1, ids + w0, (size_t)(wl - 1) * sizeof(int));
         kvt_seq_reset(e, &s);
         st = kvt_forward(e, &s, win, wl, logits, 1);
+        long bad = st == KVT_OK ? kvt_first_nonfinite(logits, (size_t)wl * V) : -1;
+        if (bad >= 0)
+            st = kvt_fail(KVT_EFORMAT, "--ppl: the logits at token %ld are not finite (%g): NaN or Inf in the weights?",
+                          w0 + bad / V, logits[bad]);
         for (int j = 0; j < wl && st == KVT_OK; j++) {
             const float *lj = logits + (size_t)j * V;
             double mx = -INFINITY, z = 0.0;
@@ -3212,6 +3359,12 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
             ok &= kvt_check(what, logits, ref_logits, V, "vocab=1000000000", KVT_TOL_GPU, "KVT_TOL_GPU");
         }
         if (st != KVT_OK) break;
+        long bad = kvt_first_nonfinite(logits, (size_t)V);
+        if (bad >= 0) {
+            st = kvt_fail(KVT_EFORMAT, "step %d (position %d): logit %ld is %g, not a finite number: NaN or Inf in the "
+                          "weights?", n - np, n - 1, bad, logits[bad]);
+            break;
+        }
         int next = kvt_sample(&sm, logits, V);
         if (tk && (next == KVT_BOS || next == KVT_EOS)) break;
         print_token(tk, hist[n - 1], next);
@@ -3274,6 +3427,13 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
      * sample there is nothing left to run. */
     for (int step = 0; step < a->steps && st == KVT_OK; step++) {
         int nb = 0;
+        for (int i = 0; i < n_seqs && st == KVT_OK; i++) {
+            long bad = active[i] ? kvt_first_nonfinite(logits + (size_t)i * V, (size_t)V) : -1;
+            if (bad >= 0)
+                st = kvt_fail(KVT_EFORMAT, "step %d, sequence %d: logit %ld is %g, not a finite number: NaN or Inf in "
+                              "the weights?", step, i, bad, logits[(size_t)i * V + bad]);
+        }
+        if (st != KVT_OK) break;
         for (int i = 0; i < n_seqs; i++) {
             if (!active[i]) continue;
             int t = kvt_sample(&sm[i], logits + (size_t)i * V, V);
@@ -3303,19 +3463,33 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
     return rc;
 }
 
-/* Read --prompts: one prompt per non-empty line, each encoded with BOS.
- * Returns the count; on an encoding error -(lines read + 2), so the caller can
- * free what was read. */
+/* Read --prompts: one prompt per non-empty line, each encoded with BOS. Lines
+ * may be of any length (getline); a NUL byte inside a line is refused (it
+ * would cut the prompt short unseen); errors name the file's line number.
+ * Returns the count; on an error -(prompts read + 2), so the caller can free
+ * what was read (-1: nothing was). */
 static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int ***prompts, int **np) {
-    FILE *f = fopen(path, "r");
-    if (!f) { kvt_fail(KVT_EIO, "--prompts: cannot open '%s'", path); return -1; }
-    char line[8192];
-    int n = 0, cap = 0;
+    FILE *f;
     *prompts = NULL;
     *np = NULL;
-    while (fgets(line, sizeof(line), f)) {
-        line[strcspn(line, "\r\n")] = '\0';
-        if (!line[0]) continue;
+    if (kvt_open_read(&f, path, "--prompts file") != KVT_OK) return -1;
+    char *text = NULL;
+    size_t text_cap = 0;
+    ssize_t got;
+    long line = 0;
+    int n = 0, cap = 0, bad = 0;
+    while (!bad && (got = getline(&text, &text_cap, f)) != -1) {
+        line++;
+        if ((size_t)got != strlen(text)) { kvt_fail(KVT_EARG, "--prompts '%s' line %ld: a NUL byte", path, line); bad = 1; }
+        if (bad) break;
+        text[strcspn(text, "\r\n")] = '\0';
+        if (!text[0]) continue;
+        if (n == KVT_MAX_SEQS) {
+            kvt_fail(KVT_EARG, "--prompts '%s' line %ld: more than %d prompts (one batch holds at most %d sequences)",
+                     path, line, KVT_MAX_SEQS, KVT_MAX_SEQS);
+            bad = 1;
+            break;
+        }
         if (n == cap) {
             cap = cap ? 2 * cap : 8;
             *prompts = (int **)realloc(*prompts, (size_t)cap * sizeof(int *));
@@ -3323,20 +3497,24 @@ static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int
             KVT_ASSERT(*prompts && *np);
         }
         (*prompts)[n] = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
-        if (kvt_encode(tk, line, 1, (*prompts)[n], TMAX, &(*np)[n]) != KVT_OK) {
+        (*np)[n] = 0;
+        n++; /* counted now: the caller frees it, also when encoding fails */
+        if (kvt_encode(tk, text, 1, (*prompts)[n - 1], TMAX, &(*np)[n - 1]) != KVT_OK) {
             char msg[sizeof(kvt_errbuf)];
             snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
-            kvt_fail(KVT_EARG, "--prompts line %d: %s", n + 1, msg);
-            fclose(f);
-            return -(n + 2);
+            kvt_fail(KVT_EARG, "--prompts '%s' line %ld: %s", path, line, msg);
+            bad = 1;
         }
-        n++;
     }
+    if (!bad && ferror(f)) { kvt_fail(KVT_EIO, "cannot read --prompts file '%s': %s", path, strerror(errno)); bad = 1; }
+    free(text);
     fclose(f);
-    if (n == 0) kvt_fail(KVT_EARG, "--prompts: '%s' has no non-empty line", path);
-    return n;
+    if (!bad && n == 0) { kvt_fail(KVT_EARG, "--prompts: '%s' has no non-empty line", path); bad = 1; }
+    return bad ? -(n + 2) : n;
 }
 
+#endif
+#ifndef KVT_NO_MAIN
 /* main: defaults, flags, model, then one of the runs; every exit after the
  * model is loaded goes through `done`, which frees everything (valgrind
  * checks that nothing is lost on any of these paths). */
@@ -3354,17 +3532,16 @@ int main(int argc, char **argv) {
     a.prompt_tokens = 8;
     a.fork_share = 1;
     kvt_options_default(&a.o);
-    if (!parse_args(&a, argc, argv)) { cli_fail(""); fprintf(stderr, "run 'kvt --help' for the flags\n"); return 1; }
+    int parsed = parse_args(&a, argc, argv);
+    if (parsed == 2) { usage(stdout); return 0; }
+    if (!parsed) { cli_fail(""); fprintf(stderr, "run 'kvt --help' for the flags\n"); return 1; }
     if (!a.fork_share) a.o.prefix_reuse = 0; /* the independent baseline shares nothing at all */
 
     kvt_model m;
     kvt_status st = a.random ? kvt_model_random(&m, a.rc, 1) : kvt_model_load(&m, a.model);
     if (st != KVT_OK) return cli_fail("");
-    int V = m.c.vocab_size, TMAX = m.c.seq_len, HS = m.head_size, rc = 1;
-    if (!a.group_set) { /* the default G: 32, else 16 (the CPU's loops take 16 channels of one */
-        a.o.kv_group = HS % 32 == 0 ? 32 : 16; /* scale at a time, §10), else HS's largest divisor below 32 */
-        if (HS % a.o.kv_group) for (a.o.kv_group = 31; HS % a.o.kv_group; a.o.kv_group--) {}
-    }
+    int V = m.c.vocab_size, TMAX = m.c.seq_len, rc = 1;
+    if (!cli_check(&a, &m.c)) { kvt_model_free(&m); return cli_fail(""); }
     if (a.bench) {
         FILE *csv = NULL;
         kvt_blas_note();
@@ -3385,6 +3562,12 @@ int main(int argc, char **argv) {
     int **prompts = NULL, *np = NULL, n_prompts = 1, longest = 0, n_seqs = 1;
     kvt_engine *e = NULL;
     if (!a.random) {
+        if (V < 3) { /* token ids 1 and 2 are BOS and EOS (llama2.c's convention) */
+            kvt_model_free(&m);
+            kvt_fail(KVT_EFORMAT, "checkpoint '%s': vocab_size %d; with a tokenizer the ids BOS = 1 and EOS = 2 need "
+                     "vocab_size >= 3", a.model, V);
+            return cli_fail("");
+        }
         if ((st = kvt_tokenizer_load(&tk, a.tokenizer, V)) != KVT_OK) { kvt_model_free(&m); return cli_fail(""); }
         tkp = &tk;
     }
@@ -3416,7 +3599,7 @@ int main(int argc, char **argv) {
                  n_prompts > 1 ? "longest " : "", longest, TMAX - longest, TMAX);
         goto done;
     }
-    if (a.o.n_chunks > 0 && a.o.kv_cache && a.o.n_chunks < kvt_cdiv(longest + a.steps, a.o.CH)) {
+    if (a.o.n_chunks > 0 && a.o.n_chunks < kvt_cdiv(longest + a.steps, a.o.CH)) { /* cache off: every step too */
         kvt_fail(KVT_EPOOL, "--chunks %d: too small for one sequence of %d positions (prompt %d + -n %d), which needs "
                  "at least %d chunks of %d positions", a.o.n_chunks, longest + a.steps, longest, a.steps,
                  kvt_cdiv(longest + a.steps, a.o.CH), a.o.CH);

@@ -7,6 +7,9 @@
  * Usage: ./test_kvt [path to the kvt binary, for the command-line checks]
  * Ends with "N passed, N failed, N skipped"; exits 1 on any failure. */
 #define KVT_NO_MAIN
+#if defined(KVT_FUZZ) && KVT_FUZZ == 4
+#define KVT_CLI /* the command-line parser too (§20), without main */
+#endif
 #include "kvtransformer.cu"
 
 /* Tolerances, each relative to the largest |value| of the reference:
@@ -1255,16 +1258,24 @@ static void test_bad_input(void) {
     kvt_model_free(&m);
 }
 
+/* Run kvt with args (through the shell: redirections work) and keep the
+ * first cap - 1 bytes of stdout + stderr; returns the exit status (-1: not run). */
+static int cli_run(const char *args, char *out, size_t cap) {
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", kvt_bin, args);
+    out[0] = '\0';
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    while (fgetc(p) != EOF) {} /* the rest, unread: kvt must not die of a closed pipe */
+    return pclose(p);
+}
 /* The command line: bad flags give one clear line and a non-zero exit. */
 static void cli_expect(const char *args, int want_ok, const char *want_text) {
-    char cmd[512], out[4096] = "";
-    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", kvt_bin, args);
-    FILE *p = popen(cmd, "r");
-    if (!p) { expect(0, "cli: cannot run %s", cmd); return; }
-    size_t n = fread(out, 1, sizeof(out) - 1, p);
-    out[n] = '\0';
-    int rc = pclose(p);
-    int ok = (rc == 0) == want_ok && contains(out, want_text);
+    char out[4096];
+    int rc = cli_run(args, out, sizeof(out));
+    int ok = rc != -1 && (rc == 0) == want_ok && contains(out, want_text);
     char first[200];
     snprintf(first, sizeof(first), "%.199s", out);
     char *nl = strchr(first, '\n');
@@ -1291,6 +1302,139 @@ static void test_cli(void) {
     cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --stats --fork-share off", 1, "(0.0% saved)");
     cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --chunk 4 --chunks 4", 0, "of the batch cannot grow");
     cli_expect("--random 32,1,4,2,64,50,32 --fork 2 --kv-cache off", 0, "drop --kv-cache off");
+}
+
+/* Issue 12's inputs, one regression check per class: each of these crashed,
+ * hung, leaked or printed garbage with exit 0 before. */
+static void write_text(const char *path, const char *text, size_t len) {
+    FILE *f = fopen(path, "wb");
+    KVT_ASSERT(f);
+    fwrite(text, 1, len, f);
+    fclose(f);
+}
+static void test_hardening(void) {
+    FILE *probe = fopen(kvt_bin, "rb");
+    if (!probe) { skip("hardening checks of the command line (no kvt binary given)"); return; }
+    fclose(probe);
+    const char *R = "--random 32,1,4,2,64,50,32";
+    char args[512], out[4096], out2[4096];
+    /* a checkpoint with the default tokenizer's V = 68, TMAX 1 (item 1) and one with a NaN weight (item 7) */
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(16, 1, 2, 2, 32, 68, 1), 3) == KVT_OK);
+    KVT_ASSERT(write_checkpoint("/tmp/kvt_test_t1.bin", &m, 0, 0));
+    kvt_model_free(&m);
+    KVT_ASSERT(kvt_model_random(&m, cfg(16, 1, 2, 2, 32, 68, 32), 3) == KVT_OK);
+    m.w.rms_final[0] = NAN; /* every logit is then NaN */
+    KVT_ASSERT(write_checkpoint("/tmp/kvt_test_nan.bin", &m, 0, 0));
+    kvt_model_free(&m);
+    const char *ppl_text = "ROMEO:\nWhat light\nthrough yonder window\n";
+    write_text("/tmp/kvt_test_ppl.txt", ppl_text, strlen(ppl_text));
+    write_text("/tmp/kvt_test_empty.txt", "", 0);
+
+    /* 1. --ppl on TMAX 1: a window of 0 tokens (memcpy of -4 bytes, an endless loop) */
+    cli_expect("-m /tmp/kvt_test_t1.bin --chunk 1 --ppl /tmp/kvt_test_ppl.txt", 0, "--ppl needs TMAX >= 2");
+    /* 4, 11. --random is parsed strictly: no wrap, no garbage, no 8th field */
+    cli_expect("--random 64,2,4,2,128,-2147483648,64", 0, "field 6 (V) is out of range");
+    cli_expect("--random 64,2,4,2,128,2147483648,64", 0, "field 6 (V) is out of range");
+    cli_expect("--random 4294967360,2,4,2,128,50,64", 0, "field 1 (D) is out of range");
+    cli_expect("--random 32,1,4,2,64,50,64abc", 0, "field 7 (TMAX) is not an integer");
+    cli_expect("--random 32,1,4,2,64,50,64,99,1", 0, "more than 7 fields");
+    cli_expect("--random 32,1,4,2,64,50", 0, "only 6 fields");
+    /* 7. NaN weights: an error naming the step, not "zzzz" and exit 0 */
+    cli_expect("-m /tmp/kvt_test_nan.bin -n 5", 0, "step 0 (position 6): logit 0 is nan");
+    cli_expect("-m /tmp/kvt_test_nan.bin -n 5 -t 0 --fork 2", 0, "step 0, sequence 0: logit 0 is nan");
+    cli_expect("-m /tmp/kvt_test_nan.bin --ppl /tmp/kvt_test_ppl.txt", 0, "the logits at token 0 are not finite");
+    /* 8. a tiny temperature is greedy: the same text as -t 0, not the last id */
+    snprintf(args, sizeof(args), "%s -n 20 -t 1e-40", R);
+    int rc1 = cli_run(args, out, sizeof(out));
+    snprintf(args, sizeof(args), "%s -n 20 -t 0", R);
+    int rc2 = cli_run(args, out2, sizeof(out2));
+    expect(rc1 == 0 && rc2 == 0 && !strcmp(out, out2), "cli -t 1e-40 generates what -t 0 does: '%.40s...'", out);
+    {   /* the sampler itself: (logit - max) / T cannot overflow, however small T is */
+        kvt_sampler sm;
+        float lg[3] = {3e34f, 0.0f, -1.0f};
+        kvt_sampler_init(&sm, 3, 1e-5f, 1.0f, 7);
+        int id = kvt_sample(&sm, lg, 3);
+        kvt_sampler_free(&sm);
+        expect(id == 0, "sampler: T = 1e-5 with logits up to 3e34 draws the largest (got %d; logits / T overflowed to "
+               "inf - inf = NaN before)", id);
+    }
+    /* 9. --ppl input that holds no text, or cannot be read as a file */
+    cli_expect("--ppl /dev/null", 0, "no text to score (0 tokens)");
+    cli_expect("--ppl /tmp/kvt_test_empty.txt", 0, "no text to score (0 tokens)");
+    cli_expect("--ppl /tmp/kvt_test_ppl.txt --ppl-from 1", 0, "from --ppl-from: no text to score");
+    cli_expect("--ppl /tmp", 0, "it is a directory");
+    rc1 = cli_run("--ppl /tmp/kvt_test_ppl.txt", out, sizeof(out));
+    rc2 = cli_run("--ppl /dev/stdin < /tmp/kvt_test_ppl.txt", out2, sizeof(out2)); /* a pipe: no size known */
+    const char *a1 = strstr(out, "tokens, mean NLL"), *a2 = strstr(out2, "tokens, mean NLL");
+    expect(rc1 == 0 && rc2 == 0 && a1 && a2 && !strcmp(a1, a2), "--ppl from a pipe (/dev/stdin) = from the file: '%s'",
+           a2 ? a2 : out2);
+    write_text("/tmp/kvt_test_ppl2.txt", "ROMEO:\nWhat light \x01 here\n", 26);
+    cli_expect("--ppl /tmp/kvt_test_ppl2.txt", 0, "--ppl '/tmp/kvt_test_ppl2.txt' line 2: text: character");
+    /* 10. --prompts: file line numbers, whole lines of any length, NUL refused */
+    {
+        size_t big = 9000;
+        char *text = (char *)kvt_malloc(big + 64);
+        int k = sprintf(text, "\nROMEO:\n");
+        memset(text + k, 'a', big);
+        text[k + big] = '\n';
+        write_text("/tmp/kvt_test_prompts.txt", text, (size_t)k + big + 1);
+        cli_expect("--prompts /tmp/kvt_test_prompts.txt -n 1", 0, "line 3: the text is");
+        write_text("/tmp/kvt_test_prompts.txt", "ROMEO:\nJU\0LIET:\n", 15);
+        cli_expect("--prompts /tmp/kvt_test_prompts.txt -n 1", 0, "line 2: a NUL byte");
+        write_text("/tmp/kvt_test_prompts.txt", "ROMEO:\n\nJULIET:\n", 16);
+        cli_expect("--prompts /tmp/kvt_test_prompts.txt -n 2 -t 0", 1, "--- sequence 1 (seed 43) ---\nJULIET:");
+        FILE *f = fopen("/tmp/kvt_test_prompts.txt", "wb");
+        KVT_ASSERT(f);
+        for (int i = 0; i < 4097; i++) fputs("a\n", f);
+        fclose(f);
+        cli_expect("--prompts /tmp/kvt_test_prompts.txt -n 1", 0, "line 4097: more than 4096 prompts");
+        free(text);
+    }
+    /* 12. defaults fitted to small models: no complaint about flags never given */
+    cli_expect("--random 32,1,2,2,64,50,4 -n 1 -t 0", 1, "1 ");
+    cli_expect("--random 32,1,2,2,64,50,1 -n 0", 1, "1 ");
+    /* 13. messages that say what is wrong */
+    cli_expect("-m /tmp", 0, "cannot read checkpoint '/tmp': it is a directory");
+    cli_expect("-m /nonexistent/x.bin", 0, "No such file or directory");
+    cli_expect("-z /tmp", 0, "cannot read tokenizer '/tmp': it is a directory");
+    KVT_ASSERT(kvt_model_random(&m, cfg(16, 1, 2, 2, 32, 1, 8), 3) == KVT_OK);
+    KVT_ASSERT(write_checkpoint("/tmp/kvt_test_v1.bin", &m, 0, 0));
+    kvt_model_free(&m);
+    cli_expect("-m /tmp/kvt_test_v1.bin", 0, "vocab_size 1; with a tokenizer the ids BOS = 1 and EOS = 2 need");
+    /* 14. combinations that silently ignored a flag */
+    cli_expect("--fork 2 --prompts /tmp/kvt_test_ppl.txt", 0, "--fork continues one prompt and --prompts");
+    cli_expect("-i hello --prompts /tmp/kvt_test_ppl.txt", 0, "-i/--prompt and --prompts both");
+    cli_expect("--ppl /tmp/kvt_test_ppl.txt --prompts /tmp/kvt_test_ppl.txt", 0, "--ppl scores a file");
+    cli_expect("--ppl /tmp/kvt_test_ppl.txt --fork 2", 0, "--ppl scores a file");
+    cli_expect("--prompt-tokens 5", 0, "--prompt-tokens is for --random models");
+    snprintf(args, sizeof(args), "%s --csv /tmp/x.csv", R);
+    cli_expect(args, 0, "--csv writes the table of a --bench run");
+    snprintf(args, sizeof(args), "%s --kv-group 8", R);
+    cli_expect(args, 0, "--kv-group sets the channels per scale of an int8 cache");
+    snprintf(args, sizeof(args), "%s --attn naive --split 8", R);
+    cli_expect(args, 0, "--split divides the fused attention");
+    snprintf(args, sizeof(args), "%s -i hello", R);
+    cli_expect(args, 0, "-i needs a tokenizer");
+    snprintf(args, sizeof(args), "%s --bench decode --fork 2", R);
+    cli_expect(args, 0, "--bench is a run of its own");
+    snprintf(args, sizeof(args), "%s --bench-every 4", R);
+    cli_expect(args, 0, "need --bench");
+    snprintf(args, sizeof(args), "%s --fork-share off", R);
+    cli_expect(args, 0, "--fork-share needs --fork N");
+    /* 15. cache off needs the chunks too: refused before the run, not at step 17 */
+    snprintf(args, sizeof(args), "%s --kv-cache off --chunks 1 -n 20", R);
+    cli_expect(args, 0, "--chunks 1: too small for one sequence of 28 positions");
+    /* the file helpers themselves */
+    char *text;
+    size_t len;
+    kvt_status st = kvt_read_file("/tmp/kvt_test_ppl.txt", "test file", &text, &len);
+    expect(st == KVT_OK && len == strlen(ppl_text) && !strcmp(text, ppl_text),
+           "kvt_read_file: a whole file, NUL-terminated (%zu bytes)", len);
+    if (st == KVT_OK) free(text);
+    float bad[4] = {1.0f, 2.0f, INFINITY, NAN};
+    expect(kvt_first_nonfinite(bad, 2) == -1 && kvt_first_nonfinite(bad, 4) == 2 && kvt_first_nonfinite(bad + 3, 1) == 0,
+           "kvt_first_nonfinite finds Inf and NaN, and nothing in finite values");
 }
 
 // ---- the default model (weights/) -----------------------------------------------------------
@@ -1709,6 +1853,16 @@ static void write_fuzz_seeds(const char *dir) {
     for (int ch; (ch = fgetc(in)) != EOF;) fputc(ch, out);
     fclose(in);
     fclose(out);
+    const char *cli[] = {"--random\n32,1,4,2,64,50,32\n-n\n5", "--random\n64,2,4,2,128,-2147483648,64",
+                         "--fork\n2\n--prompts\nx", "--kv-dtype\nint8\n--kv-group\n8\n--chunk\n4", "-t\n1e-40\n--topp\n0.5",
+                         "--bench\ncontext\n--bench-ctx\n100\n--csv\nx.csv", "--prompt-tokens\n3\n--split\n-1\n--attn\nnaive"};
+    for (int i = 0; i < (int)(sizeof(cli) / sizeof(cli[0])); i++) {
+        snprintf(path, sizeof(path), "%s/cli/c%d.txt", dir, i);
+        FILE *f = fopen(path, "wb");
+        KVT_ASSERT(f);
+        fputs(cli[i], f);
+        fclose(f);
+    }
     const char *prompts[] = {"abcz", "Hello, world", "\xc3\xa9t\xc3\xa9 \xe2\x82\xac", "ab ab abc", ""};
     for (int i = 0; i < 5; i++) {
         snprintf(path, sizeof(path), "%s/prompt/p%d.txt", dir, i);
@@ -1722,8 +1876,37 @@ static void write_fuzz_seeds(const char *dir) {
 #ifdef KVT_FUZZ
 #include <unistd.h>
 /* libFuzzer entry points; KVT_FUZZ selects the target: 1 checkpoint loader,
- * 2 tokenizer loader, 3 prompt encoder. Input bytes go through a file, the
- * way a user's file does. */
+ * 2 tokenizer loader, 3 prompt encoder, 4 command-line parser. Input bytes go
+ * through a file, the way a user's file does; for 4 they are the arguments,
+ * one per line. */
+#if KVT_FUZZ == 4
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    /* argv from the input: lines are arguments (a NUL ends one too) */
+    char *buf = (char *)kvt_malloc(size + 1), *argv[66] = {(char *)"kvt"};
+    int argc = 1;
+    memcpy(buf, data, size);
+    buf[size] = '\0';
+    for (char *p = buf; argc < 65 && p < buf + size;) {
+        argv[argc++] = p;
+        size_t n = strcspn(p, "\n");
+        p[n] = '\0';
+        p += n + 1;
+    }
+    argv[argc] = NULL;
+    kvt_cli a;
+    memset(&a, 0, sizeof(a));
+    kvt_options_default(&a.o);
+    a.prompt_tokens = 8;
+    kvt_config c = {64, 128, 2, 4, 2, 100, 64}; /* the model the flags are checked against */
+    if (parse_args(&a, argc, argv) == 1 && cli_check(&a, &c) == 1) {
+        KVT_ASSERT(a.o.CH >= 1 && a.prompt_tokens >= 1 && a.prompt_tokens <= KVT_LIMIT_SEQ);
+        KVT_ASSERT(a.o.kv_group >= 1 && (c.dim / c.n_heads) % a.o.kv_group == 0);
+        if (a.random) KVT_ASSERT(kvt_config_check(&a.rc) == KVT_OK);
+    }
+    free(buf);
+    return 0;
+}
+#else
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static char path[64];
     if (!path[0]) snprintf(path, sizeof(path), "/tmp/kvt_fuzz_%d.bin", (int)getpid());
@@ -1765,6 +1948,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
 }
 #endif
+#endif
 
 #ifndef KVT_FUZZ
 int main(int argc, char **argv) {
@@ -1802,6 +1986,7 @@ int main(int argc, char **argv) {
     test_bpe();
     test_sampler();
     test_default_model();
+    test_hardening();
     test_cli();
     if (gpu) {
         test_rmsnorm(1);
