@@ -2206,8 +2206,10 @@ void kvt_cache_read(kvt_engine *e, const kvt_seq *s, int l, int which, int pos, 
  * score, int32 length, the bytes. Encoding is greedy BPE: start from one token
  * per UTF-8 character (or per byte, "<0xXX>", when the vocabulary has byte
  * fallback), then repeatedly merge the adjacent pair whose concatenation is the
- * vocabulary entry with the highest score. A character-level vocabulary (the
- * default model) has no multi-character entries, so nothing ever merges. */
+ * vocabulary entry with the highest score (the leftmost of equal scores); a
+ * heap makes that O(n log n) in the text length (bpe_merge). A character-level
+ * vocabulary (the default model) has no multi-character entries, so nothing
+ * ever merges. */
 struct kvt_piece { char *str; int id; };
 struct kvt_prob { float p; int id; };
 
@@ -2289,11 +2291,12 @@ kvt_status kvt_tokenizer_load(kvt_tokenizer *t, const char *path, int V) {
     return KVT_OK;
 }
 
-/* Encode `len` bytes of text, appending to tokens[*n..] (room for len + 2 more). */
-static kvt_status encode_piece(const kvt_tokenizer *t, const char *text, size_t len, int dummy,
-                               int *tokens, int *n) {
-    int start = *n;
-    char *buf = (char *)kvt_malloc(2 * (size_t)t->max_token_length + 8);
+/* One token per UTF-8 character of `len` bytes of text (or one per byte,
+ * <0xXX>, for a character the vocabulary lacks, when it has byte fallback),
+ * after a " " when `dummy`; appends to tokens[*n..] (room for len + 1 more). */
+static kvt_status encode_chars(const kvt_tokenizer *t, const char *text, size_t len, int dummy, int *tokens,
+                               int *n) {
+    char buf[8]; /* one character: at most 4 bytes */
     if (dummy && len > 0) {
         int id = tok_lookup(t, " ");
         if (id >= 0) tokens[(*n)++] = id;
@@ -2309,39 +2312,176 @@ static kvt_status encode_piece(const kvt_tokenizer *t, const char *text, size_t 
         } else if (t->byte_fallback) {
             for (size_t j = 0; j < cl; j++) tokens[(*n)++] = (unsigned char)text[i + j] + 3;
         } else {
-            kvt_fail(KVT_EARG, "text: character '%s' (byte 0x%02x at offset %zu) is not in the vocabulary",
-                     buf, (unsigned char)text[i], i);
-            free(buf);
-            return KVT_EARG;
+            return kvt_fail(KVT_EARG, "text: character '%s' (byte 0x%02x at offset %zu) is not in the vocabulary",
+                            buf, (unsigned char)text[i], i);
         }
         i += cl;
     }
-    /* Greedy BPE: among all adjacent pairs whose concatenation is a piece,
-     * merge the one with the highest score, and repeat. O(n^2) in the text
-     * length, which is why --ppl encodes a file line by line. */
-    for (;;) { /* merge the best pair until none is in the vocabulary */
-        float best = -1e30f;
-        int best_id = -1, best_i = -1;
-        for (int i = start; i + 1 < *n; i++) {
-            snprintf(buf, 2 * (size_t)t->max_token_length + 8, "%s%s", t->vocab[tokens[i]], t->vocab[tokens[i + 1]]);
-            int id = tok_lookup(t, buf);
-            if (id >= 0 && t->scores[id] > best) { best = t->scores[id]; best_id = id; best_i = i; }
-        }
-        if (best_i < 0) break;
-        tokens[best_i] = best_id;
-        memmove(tokens + best_i + 1, tokens + best_i + 2, (size_t)(*n - best_i - 2) * sizeof(int));
-        (*n)--;
-    }
-    free(buf);
     return KVT_OK;
+}
+
+/* The id of the piece whose text is token a's followed by token b's, or -1.
+ * buf has room for 2 * max_token_length + 1 bytes: no piece is longer than
+ * max_token_length (the loader checks). */
+static int pair_lookup(const kvt_tokenizer *t, int a, int b, char *buf) {
+    size_t la = strlen(t->vocab[a]);
+    memcpy(buf, t->vocab[a], la);
+    strcpy(buf + la, t->vocab[b]);
+    return tok_lookup(t, buf);
+}
+
+/* BPE merging. The spec is llama2.c's greedy loop:
+ *
+ *     repeat:
+ *         for every adjacent pair (tokens[i], tokens[i+1]), look up the text
+ *             vocab[tokens[i]] followed by vocab[tokens[i+1]];
+ *         among the pairs that are pieces take the highest score; among equal
+ *             scores the leftmost (the scan keeps the first strictly greater);
+ *         none: stop;
+ *         tokens[i] = that piece; shift tokens[i+2..] left by one.
+ *
+ * Every round rescans all pairs and a text of n characters can take n - 1
+ * rounds: O(n^2) lookups (57 s for 20 KB of 'a' with the pieces "aa", "aaaa",
+ * "aaaaaaaa"). bpe_merge gives the same tokens in O(n log n):
+ *
+ *   - the tokens are a doubly linked list over their first positions
+ *     (prev[i], next[i]). A merge keeps the left token's position and unlinks
+ *     the right one, so positions stay in text order: "leftmost" is
+ *     "smallest position";
+ *   - a heap holds the candidate merges, best first: score descending, then
+ *     position ascending, the spec's tie-break;
+ *   - a merge changes just two pairs, (left neighbour, merged token) and
+ *     (merged token, right neighbour): only those are looked up and pushed;
+ *   - the pairs a merge destroyed stay in the heap (taking an entry out of the
+ *     middle of a heap is awkward). Each token has a version, bumped when it
+ *     changes or leaves the list; a popped candidate whose tokens' versions
+ *     are not the ones it was pushed with is stale and skipped.
+ *
+ *     position   0   1   2   3                   merge 1+2, the best:   0   1    3
+ *     token      a   a   b   c                                          a   ab   c
+ *     heap       (5, 1) "ab", (4, 0) "aa", (3, 2) "bc"      (score, position)
+ *
+ *     ver[1]++ and ver[2]++ make (4, 0) and (3, 2) stale; the new pairs
+ *     (0, 1) "aab" and (1, 3) "abc" are pushed if they are pieces.
+ *
+ * Every pair in the list is in the heap with its current versions, so the
+ * best valid candidate is the pair the spec's scan picks, and the result is
+ * the same token for token (test.c compares the two on random text). A piece
+ * scored at or below BPE_NO_MERGE never merges: that is the spec's starting
+ * "best". */
+#define BPE_NO_MERGE (-1e30f)
+
+/* A candidate merge: the token at position l and its right neighbour make the
+ * piece `id`; ver_l and ver_r are the two tokens' versions when it was pushed. */
+typedef struct { float score; int id, l, ver_l, ver_r; } bpe_cand;
+/* A binary heap in an array: c[0] is the best, and c[i] comes before its
+ * children c[2i+1] and c[2i+2]. */
+typedef struct { bpe_cand *c; int n, cap; } bpe_heap;
+
+/* Does candidate a merge before b? The higher score; of equal scores, the leftmost. */
+static int cand_before(const bpe_cand *a, const bpe_cand *b) {
+    return a->score > b->score || (a->score == b->score && a->l < b->l);
+}
+
+static void heap_push(bpe_heap *h, bpe_cand c) {
+    if (h->n == h->cap) { /* at most n - 1 first pairs and 2 per merge, usually far fewer at once */
+        h->cap = 2 * h->cap + 16;
+        h->c = (bpe_cand *)realloc(h->c, (size_t)h->cap * sizeof(bpe_cand));
+        KVT_ASSERT(h->c);
+    }
+    int i = h->n++;
+    while (i > 0 && cand_before(&c, &h->c[(i - 1) / 2])) { /* sift up: worse parents move down into the hole */
+        h->c[i] = h->c[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h->c[i] = c;
+}
+
+static bpe_cand heap_pop(bpe_heap *h) {
+    bpe_cand top = h->c[0], last = h->c[--h->n];
+    int i = 0;
+    for (;;) { /* sift down: the hole at i takes `last`, or the better child moves up into it */
+        int k = 2 * i + 1;
+        if (k >= h->n) break;
+        if (k + 1 < h->n && cand_before(&h->c[k + 1], &h->c[k])) k++;
+        if (!cand_before(&h->c[k], &last)) break;
+        h->c[i] = h->c[k];
+        i = k;
+    }
+    h->c[i] = last;
+    return top;
+}
+
+/* Push the pair (l, r) of adjacent tokens if their texts make a piece that may merge. */
+static void push_pair(const kvt_tokenizer *t, bpe_heap *h, const int *tokens, const int *ver, int l, int r,
+                      char *buf) {
+    int id = pair_lookup(t, tokens[l], tokens[r], buf);
+    if (id < 0 || t->scores[id] <= BPE_NO_MERGE) return; /* (the loader rejects NaN scores) */
+    bpe_cand c;
+    c.score = t->scores[id];
+    c.id = id;
+    c.l = l;
+    c.ver_l = ver[l];
+    c.ver_r = ver[r];
+    heap_push(h, c);
+}
+
+/* Merge tokens[0..n) in place (the spec above); returns the new count. */
+static int bpe_merge(const kvt_tokenizer *t, int *tokens, int n) {
+    if (n < 2) return n;
+    int *prev = (int *)kvt_malloc(3 * (size_t)n * sizeof(int)), *next = prev + n, *ver = next + n; /* (n) each */
+    char *buf = (char *)kvt_malloc(2 * (size_t)t->max_token_length + 1);
+    bpe_heap h = {NULL, 0, 0};
+    for (int i = 0; i < n; i++) {
+        prev[i] = i - 1;             /* -1: none */
+        next[i] = i + 1 < n ? i + 1 : -1;
+        ver[i] = 0;
+    }
+    for (int i = 0; i + 1 < n; i++) push_pair(t, &h, tokens, ver, i, i + 1, buf);
+    while (h.n > 0) {
+        bpe_cand c = heap_pop(&h);
+        int l = c.l, r = next[l];
+        /* l unchanged (still in the list, nothing merged into it) means its right
+         * neighbour is still the token it was pushed with; that one must be unchanged too. */
+        if (ver[l] != c.ver_l || ver[r] != c.ver_r) continue;
+        tokens[l] = c.id;
+        ver[l]++;
+        ver[r]++;
+        next[l] = next[r]; /* unlink r */
+        if (next[r] >= 0) prev[next[r]] = l;
+        if (prev[l] >= 0) push_pair(t, &h, tokens, ver, prev[l], l, buf);
+        if (next[l] >= 0) push_pair(t, &h, tokens, ver, l, next[l], buf);
+    }
+    int m = 0; /* walk the list from position 0 (the first token is never merged away: it has no left neighbour) */
+    for (int i = 0; i >= 0; i = next[i]) tokens[m++] = tokens[i];
+    free(h.c);
+    free(buf);
+    free(prev);
+    return m;
+}
+
+/* Encode `len` bytes of text, appending to tokens[*n..] (room for len + 1 more). */
+static kvt_status encode_piece(const kvt_tokenizer *t, const char *text, size_t len, int dummy, int *tokens,
+                               int *n) {
+    int start = *n;
+    kvt_status st = encode_chars(t, text, len, dummy, tokens, n);
+    if (st == KVT_OK) *n = start + bpe_merge(t, tokens + start, *n - start);
+    return st;
 }
 
 /* Encode into a scratch array sized for the worst case (one token per byte,
  * plus BOS and the dummy prefix), then copy out only if it fits: a prompt that
- * is too long is an error with its length, never a silent truncation. */
+ * is too long is an error with its length, never a silent truncation. A token
+ * holds at most max_token_length bytes of the text (a byte token <0xXX> holds
+ * one), so a text of len bytes is at least ceil(len / max_token_length) tokens:
+ * one that cannot fit is rejected before it is encoded. */
 kvt_status kvt_encode(const kvt_tokenizer *t, const char *text, int bos, int *tokens, int max_tokens,
                       int *n_tokens) {
-    size_t len = strlen(text);
+    size_t len = strlen(text), maxlen = (size_t)t->max_token_length;
+    size_t least = (bos ? 1 : 0) + (len + maxlen - 1) / maxlen;
+    *n_tokens = 0;
+    if (max_tokens >= 0 && least > (size_t)max_tokens)
+        return kvt_fail(KVT_ECONTEXT, "the text is at least %zu tokens, more than the %d that fit", least, max_tokens);
     int *tmp = (int *)malloc((len + 3) * sizeof(int)), n = 0;
     if (!tmp) return kvt_fail(KVT_ENOMEM, "host out of memory (encoding %zu bytes)", len);
     if (bos) tmp[n++] = KVT_BOS;
@@ -3249,7 +3389,9 @@ static kvt_status run_ppl(kvt_engine *e, kvt_tokenizer *tk, const char *path, do
     long line = 1; /* the file's line number of text[i], for error messages */
     for (size_t i = 0; i < start; i++) line += text[i] == '\n';
     int *ids = (int *)kvt_malloc((len + 3) * sizeof(int)), n = 0;
-    for (size_t i = start; i < size && st == KVT_OK; line++) { /* line by line, each piece merged on its own */
+    /* Line by line, so no merge spans a newline; not for speed: merging is
+     * O(n log n) (§16), and a file that is one long line encodes as fast. */
+    for (size_t i = start; i < size && st == KVT_OK; line++) {
         size_t j = i;
         while (j < size && text[j] != '\n') j++;
         if (j < size) j++;

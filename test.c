@@ -1526,6 +1526,14 @@ static void test_default_model(void) {
     kvt_model_free(&m);
 }
 
+/* One tokenizer.bin entry: float32 score, int32 length, the bytes. */
+static void put_piece(FILE *f, const char *piece, float score) {
+    int len = (int)strlen(piece);
+    fwrite(&score, 4, 1, f);
+    fwrite(&len, 4, 1, f);
+    fwrite(piece, 1, (size_t)len, f);
+}
+
 /* A synthetic sentencepiece-style vocabulary: byte fallback and BPE merges. */
 static void write_bpe_tokenizer(const char *p) {
     FILE *f = fopen(p, "wb");
@@ -1545,10 +1553,7 @@ static void write_bpe_tokenizer(const char *p) {
             strcpy(piece, extra[i - 259]);
             score = sc[i - 259];
         }
-        int len = (int)strlen(piece);
-        fwrite(&score, 4, 1, f);
-        fwrite(&len, 4, 1, f);
-        fwrite(piece, 1, (size_t)len, f);
+        put_piece(f, piece, score);
     }
     fclose(f);
 }
@@ -1569,6 +1574,167 @@ static void test_bpe(void) {
     st = kvt_tokenizer_load(&tk, p, V + 1);
     expect(st == KVT_EFORMAT && contains(kvt_last_error(), "ends at token"), "tokenizer for another vocabulary: %s",
            kvt_last_error());
+}
+
+/* A vocabulary of Llama 2's size, rich in merges: <unk> <s> </s>, the 256 byte
+ * pieces at ids 3..258, single characters, "aa" "aaaa" "aaaaaaaa" (the issue's
+ * case), "hh" scored below BPE_NO_MERGE (so it never merges), then about half
+ * of the strings of 2..5 characters over "abcdefgh " in order of length, until
+ * V pieces. Scores come from a range of 24 values, so many tie. */
+#define MERGE_V 32000
+static void write_merge_tokenizer(const char *p) {
+    static const char alpha[] = "abcdefgh ";
+    const char *fixed[] = {"a", "b", "c", "d", "e", "f", "g", "h", " ", "\xc3\xa9", "\xc3\xa9" "a", "a\xc3\xa9",
+                           "aa", "aaaa", "aaaaaaaa", "hh"};
+    int n_fixed = (int)(sizeof(fixed) / sizeof(fixed[0])), maxlen = 8, count = 0;
+    uint64_t s = 12;
+    FILE *f = fopen(p, "wb");
+    KVT_ASSERT(f);
+    fwrite(&maxlen, 4, 1, f);
+    char piece[16];
+    put_piece(f, "<unk>", 0);
+    put_piece(f, "<s>", 0);
+    put_piece(f, "</s>", 0);
+    for (int b = 0; b < 256; b++) {
+        snprintf(piece, sizeof(piece), "<0x%02X>", b);
+        put_piece(f, piece, 0);
+    }
+    count = 259;
+    for (int i = 0; i < n_fixed; i++, count++)
+        put_piece(f, fixed[i], !strcmp(fixed[i], "hh") ? -1e31f : -(float)(kvt_rng_u64(&s) % 24));
+    for (int len = 2; len <= 5 && count < MERGE_V; len++) {
+        long total = 1;
+        for (int j = 0; j < len; j++) total *= 9;
+        for (long k = 0; k < total && count < MERGE_V; k++) {
+            long rest = k;
+            int all_a = 1, known = 0;
+            for (int j = len - 1; j >= 0; j--, rest /= 9) {
+                piece[j] = alpha[rest % 9];
+                all_a &= piece[j] == 'a';
+            }
+            piece[len] = '\0';
+            for (int i = 0; i < n_fixed; i++) known |= !strcmp(piece, fixed[i]);
+            /* all-'a' strings other than the fixed ones would blur the case */
+            if (all_a || known || kvt_rng_u64(&s) % 2) continue;
+            put_piece(f, piece, -(float)(kvt_rng_u64(&s) % 24));
+            count++;
+        }
+    }
+    fclose(f);
+    KVT_ASSERT(count == MERGE_V);
+}
+
+/* The spec of bpe_merge (kvtransformer.cu §16), the quadratic loop the encoder
+ * had before: rescan every adjacent pair, merge the best-scoring one (the first
+ * of equal scores), repeat. Returns the new count. */
+static int bpe_merge_ref(const kvt_tokenizer *t, int *tokens, int n) {
+    size_t cap = 2 * (size_t)t->max_token_length + 8;
+    char *buf = (char *)kvt_malloc(cap);
+    for (;;) {
+        float best = BPE_NO_MERGE;
+        int best_id = -1, best_i = -1;
+        for (int i = 0; i + 1 < n; i++) {
+            snprintf(buf, cap, "%s%s", t->vocab[tokens[i]], t->vocab[tokens[i + 1]]);
+            int id = tok_lookup(t, buf);
+            if (id >= 0 && t->scores[id] > best) { best = t->scores[id]; best_id = id; best_i = i; }
+        }
+        if (best_i < 0) break;
+        tokens[best_i] = best_id;
+        memmove(tokens + best_i + 1, tokens + best_i + 2, (size_t)(n - best_i - 2) * sizeof(int));
+        n--;
+    }
+    free(buf);
+    return n;
+}
+
+/* Random text that merges a lot: letters of "abcdefgh " (or of "ab" alone in a
+ * third of the strings, long runs of ties), with now and then a character in
+ * the vocabulary but two bytes long (é), ones that are not (€, 'z', 0x01: byte
+ * fallback), and a stray continuation byte. */
+static void random_text(char *text, int len, uint64_t *s) {
+    int only_ab = kvt_rng_u64(s) % 3 == 0, n = 0;
+    while (n < len) {
+        int r = (int)(kvt_rng_u64(s) % 100);
+        if (r < 4 && n + 2 <= len) { memcpy(text + n, "\xc3\xa9", 2); n += 2; }
+        else if (r < 7 && n + 3 <= len) { memcpy(text + n, "\xe2\x82\xac", 3); n += 3; }
+        else if (r < 9) text[n++] = "z\x01\x80"[kvt_rng_u64(s) % 3];
+        else text[n++] = only_ab ? "ab"[kvt_rng_u64(s) % 2] : "abcdefgh "[kvt_rng_u64(s) % 9];
+    }
+    text[len] = '\0';
+}
+
+/* Encode a long single line; returns the seconds it took, -1 on an error. */
+static double encode_timed(const kvt_tokenizer *tk, const char *text, int *toks, int *n) {
+    double t0 = kvt_now();
+    kvt_status st = kvt_encode(tk, text, 1, toks, (int)strlen(text) + 3, n);
+    return st == KVT_OK ? kvt_now() - t0 : -1.0;
+}
+
+static void test_bpe_fast(void) {
+    const char *p = "/tmp/kvt_test_bpe_fast.bin";
+    write_merge_tokenizer(p);
+    kvt_tokenizer tk;
+    KVT_ASSERT(kvt_tokenizer_load(&tk, p, MERGE_V) == KVT_OK && tk.byte_fallback);
+
+    /* the heap version against the spec's loop: kvt_encode vs BOS + encode_chars + bpe_merge_ref */
+    char text[320];
+    int ref[330], got[330], n_ref, n_got, bad = -1, merges = 0;
+    uint64_t s = 7;
+    for (int k = 0; k < 400 && bad < 0; k++) {
+        random_text(text, (int)(kvt_rng_u64(&s) % 301), &s);
+        n_ref = 1;
+        ref[0] = KVT_BOS;
+        KVT_ASSERT(encode_chars(&tk, text, strlen(text), tk.dummy_prefix, ref, &n_ref) == KVT_OK);
+        int n_chars = n_ref;
+        n_ref = 1 + bpe_merge_ref(&tk, ref + 1, n_ref - 1);
+        merges += n_chars - n_ref;
+        kvt_status st = kvt_encode(&tk, text, 1, got, (int)sizeof(got) / (int)sizeof(got[0]), &n_got);
+        if (st != KVT_OK || n_got != n_ref || memcmp(ref, got, (size_t)n_ref * sizeof(int))) {
+            bad = k;
+            int i = 0;
+            while (i < n_ref && i < n_got && ref[i] == got[i]) i++;
+            printf("  string %d ('%.40s...', %zu bytes): %d tokens, spec %d; first difference at token %d: %d vs %d\n",
+                   k, text, strlen(text), n_got, n_ref, i, i < n_got ? got[i] : -1, i < n_ref ? ref[i] : -1);
+        }
+    }
+    expect(bad < 0 && merges > 10000, "BPE: heap merging = the spec's greedy loop on 400 random strings "
+           "(V = %d, %d merges, ties and byte fallback)", MERGE_V, merges);
+
+    /* 1 MB on one line: the case (only 'a', pieces "aa" "aaaa" "aaaaaaaa") and random letters */
+    int len = 1 << 20, n_a = 0, n_r = 0;
+    char *big = (char *)kvt_malloc((size_t)len + 1);
+    int *toks = (int *)kvt_malloc(((size_t)len + 3) * sizeof(int));
+    memset(big, 'a', (size_t)len);
+    big[len] = '\0';
+    double t_a = encode_timed(&tk, big, toks, &n_a);
+    int id8 = tok_lookup(&tk, "aaaaaaaa"), n8 = 0;
+    for (int i = 0; i < n_a; i++) n8 += toks[i] == id8; /* all but the edges of the run */
+    for (int i = 0; i < len; i++) big[i] = "abcdefgh "[kvt_rng_u64(&s) % 9];
+    double t_r = encode_timed(&tk, big, toks, &n_r);
+    /* 20 s is a hang guard, not a benchmark: the quadratic loop took 57 s for 20 KB */
+    expect(t_a >= 0 && t_a < 20 && n_a <= len / 8 + 8 && n8 >= len / 8 - 2 && t_r >= 0 && t_r < 20 && n_r < len / 2,
+           "BPE: 1 MB of 'a' on one line -> %d tokens in %.2f s; 1 MB of random letters -> %d tokens in %.2f s",
+           n_a, t_a, n_r, t_r);
+
+    /* The length check before encoding: at most max_token_length (8) bytes a
+     * token, so 81 bytes after BOS are at least 1 + 11 tokens. 80 bytes (at
+     * least 11) are encoded and then counted. */
+    int n = -1;
+    kvt_status st = kvt_encode(&tk, big, 1, toks, 11, &n);
+    expect(st == KVT_ECONTEXT && n == 0 && contains(kvt_last_error(), "at least 131073 tokens"),
+           "1 MB text, room for 11 tokens: rejected before encoding: %s", kvt_last_error());
+    memset(big, 'a', 81);
+    big[81] = '\0';
+    st = kvt_encode(&tk, big, 1, toks, 11, &n);
+    expect(st == KVT_ECONTEXT && contains(kvt_last_error(), "at least 12 tokens"),
+           "81 bytes, room for 11 tokens: rejected before encoding: %s", kvt_last_error());
+    big[80] = '\0';
+    st = kvt_encode(&tk, big, 1, toks, 11, &n);
+    expect(st == KVT_ECONTEXT && contains(kvt_last_error(), "the text is 1") && !contains(kvt_last_error(), "at least"),
+           "80 bytes, room for 11 tokens: encoded, then counted: %s", kvt_last_error());
+    free(big);
+    free(toks);
+    kvt_tokenizer_free(&tk);
 }
 
 static void test_sampler(void) {
@@ -1984,6 +2150,7 @@ int main(int argc, char **argv) {
     test_fork_memory();
     test_bad_input();
     test_bpe();
+    test_bpe_fast();
     test_sampler();
     test_default_model();
     test_hardening();
