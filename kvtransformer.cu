@@ -123,6 +123,25 @@ static kvt_status kvt_read_file(const char *path, const char *what, char **text,
     *len = n;
     return KVT_OK;
 }
+/* Sizes. A buffer's size is a product of numbers a user picked (TMAX, V, --fork,
+ * --chunk, --chunks, max_rows): 4096 sequences x 2^20 one-position chunks is 2^32
+ * table entries, past any int, and a pool of 2^28 chunks of a 1024-layer model
+ * passes even 2^64 bytes. Every such product goes through kvt_mul_ok, so a size
+ * that cannot exist is reported and never wraps around to a small number. */
+/* *out = a * b and 1; or *out = SIZE_MAX and 0 when the product passes size_t. */
+static int kvt_mul_ok(size_t a, size_t b, size_t *out) {
+    if (b != 0 && a > SIZE_MAX / b) { *out = SIZE_MAX; return 0; }
+    *out = a * b;
+    return 1;
+}
+/* *bytes = n1 * n2 * n3 * n4 (pass 1 for a factor not needed), or a KVT_ENOMEM
+ * line naming `what` and the factors when the product does not fit. */
+static kvt_status kvt_bytes(size_t *bytes, const char *what, size_t n1, size_t n2, size_t n3, size_t n4) {
+    size_t n12, n123;
+    if (kvt_mul_ok(n1, n2, &n12) && kvt_mul_ok(n12, n3, &n123) && kvt_mul_ok(n123, n4, bytes)) return KVT_OK;
+    return kvt_fail(KVT_ENOMEM, "out of memory: %s would need %zu x %zu x %zu x %zu bytes, more than %zu",
+                    what, n1, n2, n3, n4, (size_t)SIZE_MAX);
+}
 
 static double kvt_now(void) { /* seconds, monotonic */
     struct timespec ts;
@@ -340,6 +359,45 @@ static void buf_download(int gpu, void *dst, const void *src, size_t bytes) {
     else if (bytes) memcpy(dst, src, bytes);
 }
 
+/* Host memory is checked before the big allocations (weights, pool, scratch):
+ * Linux lets malloc promise more memory than there is, and the process is killed
+ * without a word when the pages are first written (after minutes of filling a
+ * large --random model). Checked first, the answer is one line, at once.
+ * Available bytes: KVT_MEM_LIMIT (a whole number of bytes) when set, so tests can
+ * act out a small machine; else MemAvailable of /proc/meminfo (free memory plus
+ * the caches the kernel can drop). 0 when neither is known: checks are skipped. */
+static size_t kvt_mem_available(const char **source) {
+    const char *env = getenv("KVT_MEM_LIMIT");
+    char *end;
+    if (env && *env) {
+        unsigned long long v = strtoull(env, &end, 10);
+        if (*end == '\0') { *source = "KVT_MEM_LIMIT"; return (size_t)v; }
+    }
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof(line), f)) found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+    fclose(f);
+    *source = "MemAvailable in /proc/meminfo";
+    return found ? (size_t)kb * 1024 : 0;
+}
+/* Do the host bytes about to be allocated fit? weights (not counted when
+ * `loaded`: then they are only named), cache (the KV pool), scratch (everything
+ * else); 0 for what is not part of this allocation. */
+/* (Bytes as double: a sum of sizes near SIZE_MAX must not wrap either.) */
+static kvt_status kvt_mem_check(double weights, int loaded, double cache, double scratch) {
+    const char *source = "";
+    size_t avail = kvt_mem_available(&source);
+    if (avail == 0 || (loaded ? 0.0 : weights) + cache + scratch <= (double)avail) return KVT_OK;
+    char rest[128] = "";
+    if (cache > 0 || scratch > 0)
+        snprintf(rest, sizeof(rest), ", cache %.3g GB, scratch %.3g GB", cache / 1e9, scratch / 1e9);
+    return kvt_fail(KVT_ENOMEM, "not enough host memory: weights %.3g GB%s%s, available %.3g GB (%s)",
+                    weights / 1e9, loaded ? " (loaded)" : "", rest, (double)avail / 1e9, source);
+}
+
 /* 1 when GPU kernels can run: a CUDA device, or the emulation. */
 static int kvt_gpu_available(void) {
 #ifdef __CUDACC__
@@ -406,8 +464,9 @@ kvt_status kvt_config_check(const kvt_config *c) {
 }
 
 /* Number of floats after the header, in 64-bit arithmetic. */
-/* Sizes fit easily in 64 bits after kvt_config_check: at most
- * 2^22 * 2^16 (embedding) + 2^10 * 16 * 2^32 (layers) floats < 2^47. */
+/* Sizes fit easily in 64 bits after kvt_config_check (no kvt_mul_ok needed):
+ * at most 2 * 2^22 * 2^16 (embeddings) + 2^10 * (4 * 2^32 + 3 * 2^20 * 2^16)
+ * (layers) + 2^20 * 2^8 (RoPE) floats < 2^48, i.e. < 2^50 bytes. */
 static size_t kvt_checkpoint_floats(const kvt_config *c, int shared) {
     size_t D = (size_t)c->dim, HD = (size_t)c->hidden_dim, L = (size_t)c->n_layers;
     size_t V = (size_t)labs((long)c->vocab_size), HS = D / (size_t)c->n_heads;
@@ -451,6 +510,8 @@ static kvt_status kvt_model_setup(kvt_model *m, kvt_config c, int shared) {
     m->head_size = c.dim / c.n_heads;
     m->kv_dim = c.n_kv_heads * m->head_size;
     m->n_floats = kvt_checkpoint_floats(&c, shared);
+    kvt_status st = kvt_mem_check(4.0 * (double)m->n_floats, 0, 0.0, 0.0);
+    if (st != KVT_OK) return st;
     m->data = (float *)malloc(m->n_floats * sizeof(float));
     if (!m->data)
         return kvt_fail(KVT_ENOMEM, "host out of memory: model weights need %zu bytes",
@@ -526,6 +587,32 @@ static void kvt_fill_uniform(float *x, size_t n, float scale, float offset, uint
     for (size_t i = 0; i < n; i++) x[i] = offset + scale * (2.0f * kvt_rng_f32(s) - 1.0f);
 }
 
+/* splitmix64's output function: any 64-bit input, a well-mixed output. Neighbour
+ * inputs (block 7, block 8) give unrelated generator states. */
+static uint64_t kvt_mix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+/* Fill tensor number `tensor` of a random model, in parallel. One xorshift
+ * stream over 6 billion floats (a 7B shape) takes minutes on one core, and a
+ * stream cannot be split. So the tensor is cut into blocks of KVT_FILL_BLOCK
+ * floats, each with its own generator seeded from (seed, tensor, block): the
+ * blocks fill on all cores, and the values do not depend on how many there are. */
+#define KVT_FILL_BLOCK 65536
+static void kvt_fill_tensor(float *x, size_t n, float scale, float offset, uint64_t seed, int tensor) {
+    long n_blocks = (long)((n + KVT_FILL_BLOCK - 1) / KVT_FILL_BLOCK);
+    uint64_t base = kvt_mix64(kvt_mix64(seed) + (uint64_t)tensor);
+#pragma omp parallel for schedule(static)
+    for (long b = 0; b < n_blocks; b++) {
+        size_t i0 = (size_t)b * KVT_FILL_BLOCK, len = n - i0 < KVT_FILL_BLOCK ? n - i0 : KVT_FILL_BLOCK;
+        uint64_t s = kvt_mix64(base + (uint64_t)b);
+        if (s == 0) s = 1; /* xorshift's one stuck state */
+        kvt_fill_uniform(x + i0, len, scale, offset, &s);
+    }
+}
+
 /* A prompt of n deterministic token ids (for random models and benchmarks). */
 static void kvt_fake_tokens(int *t, int n, int V) {
     uint64_t s = 12345;
@@ -544,25 +631,25 @@ kvt_status kvt_model_random(kvt_model *m, kvt_config c, uint64_t seed) {
     c.vocab_size = abs(c.vocab_size);
     st = kvt_model_setup(m, c, shared);
     if (st != KVT_OK) return st;
-    memset(m->data, 0, m->n_floats * sizeof(float));
-    uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 1;
     size_t D = (size_t)c.dim, HD = (size_t)c.hidden_dim, L = (size_t)c.n_layers, V = (size_t)c.vocab_size;
-    size_t KVD = (size_t)m->kv_dim;
+    size_t KVD = (size_t)m->kv_dim, HS = (size_t)m->head_size;
     float sd = 1.0f / sqrtf((float)D), sh = 1.0f / sqrtf((float)HD);
     kvt_weights *w = &m->w;
-    /* in checkpoint order, so a seed always gives the same model */
-    kvt_fill_uniform(w->token_embedding, V * D, 1.0f, 0.0f, &s);
-    kvt_fill_uniform(w->rms_att, L * D, 0.1f, 1.0f, &s);
-    kvt_fill_uniform(w->wq, L * D * D, sd, 0.0f, &s);
-    kvt_fill_uniform(w->wk, L * KVD * D, sd, 0.0f, &s);
-    kvt_fill_uniform(w->wv, L * KVD * D, sd, 0.0f, &s);
-    kvt_fill_uniform(w->wo, L * D * D, sd, 0.0f, &s);
-    kvt_fill_uniform(w->rms_ffn, L * D, 0.1f, 1.0f, &s);
-    kvt_fill_uniform(w->w1, L * HD * D, sd, 0.0f, &s);
-    kvt_fill_uniform(w->w2, L * D * HD, sh, 0.0f, &s);
-    kvt_fill_uniform(w->w3, L * HD * D, sd, 0.0f, &s);
-    kvt_fill_uniform(w->rms_final, D, 0.1f, 1.0f, &s);
-    if (!shared) kvt_fill_uniform(w->wcls, V * D, 8.0f * sd, 0.0f, &s);
+    /* each tensor has a fixed number (its place in the checkpoint), so a seed
+     * always gives the same model */
+    kvt_fill_tensor(w->token_embedding, V * D, 1.0f, 0.0f, seed, 0);
+    kvt_fill_tensor(w->rms_att, L * D, 0.1f, 1.0f, seed, 1);
+    kvt_fill_tensor(w->wq, L * D * D, sd, 0.0f, seed, 2);
+    kvt_fill_tensor(w->wk, L * KVD * D, sd, 0.0f, seed, 3);
+    kvt_fill_tensor(w->wv, L * KVD * D, sd, 0.0f, seed, 4);
+    kvt_fill_tensor(w->wo, L * D * D, sd, 0.0f, seed, 5);
+    kvt_fill_tensor(w->rms_ffn, L * D, 0.1f, 1.0f, seed, 6);
+    kvt_fill_tensor(w->w1, L * HD * D, sd, 0.0f, seed, 7);
+    kvt_fill_tensor(w->w2, L * D * HD, sh, 0.0f, seed, 8);
+    kvt_fill_tensor(w->w3, L * HD * D, sd, 0.0f, seed, 9);
+    kvt_fill_tensor(w->rms_final, D, 0.1f, 1.0f, seed, 10);
+    memset(w->rms_final + D, 0, (size_t)c.seq_len * HS * sizeof(float)); /* the unused RoPE tables */
+    if (!shared) kvt_fill_tensor(w->wcls, V * D, 8.0f * sd, 0.0f, seed, 11);
     return KVT_OK;
 }
 
@@ -663,18 +750,31 @@ static const char *kvt_dtype_name(kvt_dtype t) { return t == KVT_FP32 ? "fp32" :
  * code shows both strategies. Free chunks sit on a stack (free_list). Each chunk
  * has a reference count so that sequences can share chunks (kvt_seq_fork); a
  * shared chunk is copied before anyone writes into it (copy-on-write). */
-static kvt_status pool_init(kvt_pool *p, int gpu, int L, int NKV, int HS, int CH,
-                            int n_chunks, kvt_dtype dt, int G) {
+#define KVT_LIMIT_CHUNKS (1 << 28) /* chunks in a pool; chunk-table entries of an engine */
+
+/* A pool is made in two steps, so that an engine can check the sizes of
+ * everything it needs before it allocates any of it: pool_shape (the fields and
+ * the bytes, no memory), then pool_alloc. */
+static kvt_status pool_shape(kvt_pool *p, int gpu, int L, int NKV, int HS, int CH,
+                             int n_chunks, kvt_dtype dt, int G, size_t *data_bytes, size_t *scale_bytes) {
     memset(p, 0, sizeof(*p));
     p->L = L; p->NKV = NKV; p->HS = HS; p->CH = CH; p->n_chunks = n_chunks;
     p->dtype = dt; p->G = G; p->on_device = gpu;
-    p->chunk_elems = (size_t)L * 2 * CH * NKV * HS;
+    *data_bytes = *scale_bytes = 0;
+    kvt_status st = kvt_bytes(&p->chunk_elems, "a KV cache chunk", 2 * (size_t)L, (size_t)CH, (size_t)NKV, (size_t)HS);
     p->chunk_scales = dt == KVT_INT8 ? p->chunk_elems / (size_t)G : 0;
-    kvt_status st = buf_alloc(gpu, &p->data, kvt_dtype_size(dt, p->chunk_elems) * (size_t)n_chunks,
-                              "the KV cache pool");
-    if (st == KVT_OK && dt == KVT_INT8) {
+    if (st == KVT_OK)
+        st = kvt_bytes(data_bytes, "the KV cache pool", kvt_dtype_size(dt, p->chunk_elems), (size_t)n_chunks, 1, 1);
+    if (st == KVT_OK)
+        st = kvt_bytes(scale_bytes, "the int8 KV scales", p->chunk_scales, sizeof(float), (size_t)n_chunks, 1);
+    return st;
+}
+static kvt_status pool_alloc(kvt_pool *p, size_t data_bytes, size_t scale_bytes) {
+    int gpu = p->on_device, n_chunks = p->n_chunks;
+    kvt_status st = buf_alloc(gpu, &p->data, data_bytes, "the KV cache pool");
+    if (st == KVT_OK && p->dtype == KVT_INT8) {
         void *s;
-        st = buf_alloc(gpu, &s, p->chunk_scales * sizeof(float) * (size_t)n_chunks, "the int8 KV scales");
+        st = buf_alloc(gpu, &s, scale_bytes, "the int8 KV scales");
         p->scales = (float *)s;
     }
     if (st != KVT_OK) { buf_free(gpu, p->data); p->data = NULL; return st; }
@@ -1740,7 +1840,7 @@ struct kvt_engine {
     const kvt_weights *w;    /* host or device weights */
     kvt_pool pool;
     int rows;                /* most rows per call (o.max_rows) */
-    int part_cap;            /* most (row, piece) pairs of the fused attention in one call */
+    size_t part_cap;         /* most (row, piece) pairs of the fused attention in one call */
     /* activations, on the engine's device; names as in llama2.c */
     float *x;      /* (rows, D) residual stream */
     float *xb;     /* (rows, D) normed input of a block / scratch */
@@ -1827,13 +1927,24 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
         return kvt_fail(KVT_EARG, "--kv-group %d must divide the head size HS = %d", o->kv_group, HS);
     if (o->max_seqs < 1 || o->max_seqs > 4096)
         return kvt_fail(KVT_EARG, "max_seqs %d is out of range [1, 4096]", o->max_seqs);
-    if (o->n_chunks < 0 || o->n_chunks > (1 << 28))
+    if (o->n_chunks < 0 || o->n_chunks > KVT_LIMIT_CHUNKS)
         return kvt_fail(KVT_EARG, "--chunks %d is out of range [1, %d] (0: enough for every sequence)",
-                        o->n_chunks, 1 << 28);
+                        o->n_chunks, KVT_LIMIT_CHUNKS);
     if (o->split_len < -1 || o->split_len > TMAX)
         return kvt_fail(KVT_EARG, "--split %d is out of range [-1, %d] (-1 never, 0 automatic)", o->split_len, TMAX);
     if (o->max_rows < 1 || o->max_rows > KVT_MAX_ROWS)
         return kvt_fail(KVT_EARG, "max_rows %d is out of range [1, %d]", o->max_rows, KVT_MAX_ROWS);
+    /* Chunk tables: a sequence of TMAX positions holds ceil(TMAX/CH) chunks, and
+     * a batch stages the tables of max_seqs sequences; the default pool has room
+     * for all of them. Counted in size_t and capped: the tables are indexed by
+     * int, and --fork 2048 --chunk 1 with TMAX 2^20 would be 2^31 entries. */
+    int ntab = kvt_cdiv(TMAX, o->CH);
+    size_t tab_entries;
+    if (!kvt_mul_ok((size_t)o->max_seqs, (size_t)ntab, &tab_entries) || tab_entries > KVT_LIMIT_CHUNKS)
+        return kvt_fail(KVT_EARG, "%d sequences x %d chunks each (TMAX %d / --chunk %d) = %zu chunk-table entries, "
+                        "more than %d: use a larger --chunk or fewer sequences", o->max_seqs, ntab, TMAX, o->CH,
+                        tab_entries, KVT_LIMIT_CHUNKS);
+    int n_chunks = o->n_chunks > 0 ? o->n_chunks : (int)tab_entries;
     kvt_engine *e = (kvt_engine *)calloc(1, sizeof(kvt_engine));
     if (!e) return kvt_fail(KVT_ENOMEM, "host out of memory (engine)");
     e->m = m;
@@ -1848,37 +1959,53 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
     openblas_set_num_threads(1); /* sgemm runs inside our parallel loops (§9) */
     e->op = e->gpu ? &kvt_gpu_ops : &kvt_cpu_ops;
     e->rows = o->max_rows;
-    /* Pool size: a sequence of TMAX positions holds ceil(TMAX/CH) chunks. The
-     * split scratch is sized for the most pieces any call can need (attn_split). */
-    int ntab = kvt_cdiv(TMAX, o->CH);
-    int n_chunks = o->n_chunks > 0 ? o->n_chunks : o->max_seqs * ntab;
-    if (o->split_len > 0) e->part_cap = e->rows * kvt_cdiv(TMAX, o->split_len);
-    else if (e->gpu) e->part_cap = e->rows * kvt_cdiv(TMAX, KVT_AUTO_SPLIT);
-    else e->part_cap = e->rows > KVT_CPU_SPLIT_ROWS * kvt_cdiv(TMAX, KVT_CPU_SPLIT) ? e->rows
-                       : KVT_CPU_SPLIT_ROWS * kvt_cdiv(TMAX, KVT_CPU_SPLIT);
-    kvt_status st = KVT_OK;
-    if (e->gpu) st = kvt_model_upload(m);
-    e->w = e->gpu ? &m->d_w : &m->w;
-    if (st == KVT_OK)
-        st = pool_init(&e->pool, e->gpu, c->n_layers, c->n_kv_heads, HS, o->CH, n_chunks, o->kv_dtype, o->kv_group);
-    /* One table of (buffer, bytes): the shapes are those of struct kvt_engine. */
-    size_t R = (size_t)e->rows, D = (size_t)c->dim, HD = (size_t)c->hidden_dim, KVD = (size_t)m->kv_dim;
-    struct { void **p; size_t bytes; } b[] = {
-        {(void **)&e->x, R * D * 4}, {(void **)&e->xb, R * D * 4}, {(void **)&e->xb2, R * D * 4},
-        {(void **)&e->q, R * D * 4}, {(void **)&e->k, R * KVD * 4}, {(void **)&e->v, R * KVD * 4},
-        {(void **)&e->att, R * D * 4}, {(void **)&e->hb, R * HD * 4}, {(void **)&e->hb2, R * HD * 4},
-        {(void **)&e->logits, R * (size_t)c->vocab_size * 4},
-        {(void **)&e->scores, (o->attn == KVT_ATTN_NAIVE ? R : 1) * (size_t)c->n_heads * (size_t)TMAX * 4},
-        {(void **)&e->part, (size_t)e->part_cap * (size_t)c->n_heads * (2 + (size_t)HS) * 4},
-        {(void **)&e->freq, (size_t)HS / 2 * 4},
-        {(void **)&e->tokens, R * 4}, {(void **)&e->row_pos, R * 4}, {(void **)&e->row_len, R * 4},
-        {(void **)&e->row_tab, R * 4}, {(void **)&e->tables, (size_t)o->max_seqs * (size_t)ntab * 4},
+    /* The split scratch is sized for the most pieces any call can need (attn_split). */
+    size_t R = (size_t)e->rows, cpu_parts = (size_t)KVT_CPU_SPLIT_ROWS * (size_t)kvt_cdiv(TMAX, KVT_CPU_SPLIT);
+    if (o->split_len > 0) kvt_mul_ok(R, (size_t)kvt_cdiv(TMAX, o->split_len), &e->part_cap);
+    else if (e->gpu) kvt_mul_ok(R, (size_t)kvt_cdiv(TMAX, KVT_AUTO_SPLIT), &e->part_cap);
+    else e->part_cap = R > cpu_parts ? R : cpu_parts;
+    /* Every size first, in size_t with overflow checks; then one check that they
+     * fit in memory; only then the allocations. The scratch table's shapes are
+     * those of struct kvt_engine; every element is 4 bytes (float or int). */
+    size_t D = (size_t)c->dim, HD = (size_t)c->hidden_dim, KVD = (size_t)m->kv_dim, V = (size_t)c->vocab_size;
+    size_t NH = (size_t)c->n_heads, T = (size_t)TMAX;
+    struct { void **p; const char *name; size_t n1, n2, n3; size_t bytes; } b[] = {
+        {(void **)&e->x, "x", R, D, 1, 0}, {(void **)&e->xb, "xb", R, D, 1, 0}, {(void **)&e->xb2, "xb2", R, D, 1, 0},
+        {(void **)&e->q, "q", R, D, 1, 0}, {(void **)&e->k, "k", R, KVD, 1, 0}, {(void **)&e->v, "v", R, KVD, 1, 0},
+        {(void **)&e->att, "att", R, D, 1, 0}, {(void **)&e->hb, "hb", R, HD, 1, 0}, {(void **)&e->hb2, "hb2", R, HD, 1, 0},
+        {(void **)&e->logits, "logits", R, V, 1, 0},
+        {(void **)&e->scores, "scores", o->attn == KVT_ATTN_NAIVE ? R : 1, NH, T, 0},
+        {(void **)&e->part, "part", e->part_cap, NH, 2 + (size_t)HS, 0},
+        {(void **)&e->freq, "freq", (size_t)HS / 2, 1, 1, 0},
+        {(void **)&e->tokens, "tokens", R, 1, 1, 0}, {(void **)&e->row_pos, "row_pos", R, 1, 1, 0},
+        {(void **)&e->row_len, "row_len", R, 1, 1, 0}, {(void **)&e->row_tab, "row_tab", R, 1, 1, 0},
+        {(void **)&e->tables, "tables", tab_entries, 1, 1, 0},
+        /* host staging, always in host memory */
+        {(void **)&e->h_rows, "h_rows", 3, R, 1, 0}, {(void **)&e->h_tables, "h_tables", tab_entries, 1, 1, 0},
+        {(void **)&e->h_logits, "h_logits", R, V, 1, 0},
     };
-    for (size_t i = 0; i < sizeof(b) / sizeof(b[0]) && st == KVT_OK; i++)
-        st = buf_alloc(e->gpu, b[i].p, b[i].bytes, "activation buffers");
-    e->h_rows = (int *)kvt_malloc(3 * R * sizeof(int));
-    e->h_tables = (int *)kvt_malloc((size_t)o->max_seqs * (size_t)ntab * sizeof(int));
-    e->h_logits = (float *)kvt_malloc(R * (size_t)c->vocab_size * sizeof(float));
+    const int n_bufs = (int)(sizeof(b) / sizeof(b[0])), n_dev = n_bufs - 3; /* the first n_dev: engine's device */
+    size_t pool_data = 0, pool_scales = 0;
+    kvt_status st = pool_shape(&e->pool, e->gpu, c->n_layers, c->n_kv_heads, HS, o->CH, n_chunks, o->kv_dtype,
+                               o->kv_group, &pool_data, &pool_scales);
+    for (int i = 0; i < n_bufs && st == KVT_OK; i++) {
+        char what[64];
+        snprintf(what, sizeof(what), "the scratch buffer %s", b[i].name);
+        st = kvt_bytes(&b[i].bytes, what, b[i].n1, b[i].n2, b[i].n3, 4);
+    }
+    /* Host bytes: the device's buffers too when the device is the host (CPU
+     * engine, or the emulated GPU); the pool's bookkeeping is 16 bytes a chunk.
+     * A real GPU's memory is checked by cudaMalloc itself (buf_alloc). */
+    int dev_on_host = !e->gpu || KVT_EMULATED;
+    double cache = dev_on_host ? (double)pool_data + (double)pool_scales : 0.0, scratch = 16.0 * n_chunks;
+    for (int i = 0; i < n_bufs; i++) scratch += i >= n_dev || dev_on_host ? (double)b[i].bytes : 0.0;
+    if (st == KVT_OK)
+        st = kvt_mem_check(4.0 * (double)m->n_floats, 1, cache, scratch);
+    if (st == KVT_OK && e->gpu) st = kvt_model_upload(m);
+    e->w = e->gpu ? &m->d_w : &m->w;
+    if (st == KVT_OK) st = pool_alloc(&e->pool, pool_data, pool_scales);
+    for (int i = 0; i < n_bufs && st == KVT_OK; i++)
+        st = buf_alloc(i < n_dev ? e->gpu : 0, b[i].p, b[i].bytes, i < n_dev ? "activation buffers" : "host staging buffers");
     if (st != KVT_OK) { kvt_engine_free(e); return st; }
     float freq[KVT_MAX_HS / 2];
     rope_freqs(freq, HS);
@@ -1984,7 +2111,7 @@ static void forward_rows(kvt_engine *e, int n, int all_logits) {
     int max_pos = 0, split_len, nsplit;
     for (int r = 0; r < n; r++) max_pos = e->h_rows[r] > max_pos ? e->h_rows[r] : max_pos;
     attn_split(e, max_pos, n, &split_len, &nsplit);
-    KVT_ASSERT((long)n * nsplit <= e->part_cap);
+    KVT_ASSERT((size_t)n * (size_t)nsplit <= e->part_cap);
 
     op->embed(e->x, w->token_embedding, e->tokens, n, D);
     for (int l = 0; l < c->n_layers; l++) {
@@ -2854,7 +2981,7 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
                  e->tables, e->row_tab, e->row_pos, e->row_len};
     int auto_len, auto_n;
     attn_split(e, T - 1, 1, &auto_len, &auto_n);
-    if (auto_n == 1 && kvt_cdiv(T, KVT_AUTO_SPLIT) <= e->part_cap) { /* split anyway, to compare */
+    if (auto_n == 1 && (size_t)kvt_cdiv(T, KVT_AUTO_SPLIT) <= e->part_cap) { /* split anyway, to compare */
         auto_len = KVT_AUTO_SPLIT < T ? KVT_AUTO_SPLIT : T;
         auto_n = kvt_cdiv(T, auto_len);
     }
@@ -3272,7 +3399,7 @@ static int parse_args(kvt_cli *a, int argc, char **argv) {
         else if (!strcmp(f, "-s") || !strcmp(f, "--seed")) { if (!arg_long(f, s, 0, 2147483647L, &a->seed)) return 0; }
         else if (!strcmp(f, "--kv-cache")) { if (!arg_choice(f, s, onoff, 2, &a->o.kv_cache)) return 0; }
         else if (!strcmp(f, "--chunk")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->o.CH = (int)v; }
-        else if (!strcmp(f, "--chunks")) { if (!arg_long(f, s, 1, 1 << 28, &v)) return 0; a->o.n_chunks = (int)v; }
+        else if (!strcmp(f, "--chunks")) { if (!arg_long(f, s, 1, KVT_LIMIT_CHUNKS, &v)) return 0; a->o.n_chunks = (int)v; }
         else if (!strcmp(f, "--kv-dtype")) { if (!arg_choice(f, s, dtypes, 3, &c)) return 0; a->o.kv_dtype = (kvt_dtype)c; }
         else if (!strcmp(f, "--kv-group")) { if (!arg_long(f, s, 1, KVT_MAX_HS, &v)) return 0; a->o.kv_group = (int)v; a->group_set = 1; }
         else if (!strcmp(f, "--attn")) { if (!arg_choice(f, s, attns, 2, &c)) return 0; a->o.attn = (kvt_attn)c; }
@@ -3407,7 +3534,10 @@ static kvt_status run_ppl(kvt_engine *e, kvt_tokenizer *tk, const char *path, do
     if (st == KVT_OK && n == 0)
         st = kvt_fail(KVT_EARG, "--ppl '%s'%s: no text to score (0 tokens)", path, from > 0 ? " from --ppl-from" : "");
     if (st != KVT_OK) { free(ids); return st; }
-    float *logits = (float *)kvt_malloc((size_t)(W + 1) * V * sizeof(float));
+    float *logits = NULL; /* (TMAX, V): every position's logits of one window */
+    size_t logit_bytes;
+    st = kvt_bytes(&logit_bytes, "--ppl's logits (TMAX x V)", (size_t)W + 1, (size_t)V, sizeof(float), 1);
+    if (st == KVT_OK) st = buf_alloc(0, (void **)&logits, logit_bytes, "--ppl's logits (TMAX x V)");
     int *win = (int *)kvt_malloc((size_t)(W + 1) * sizeof(int));
     kvt_seq s;
     memset(&s, 0, sizeof(s)); /* freeing a zeroed sequence is a no-op */
@@ -3536,15 +3666,26 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
 static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cli *a, int **prompts, const int *np,
                      int n_seqs) {
     int V = m->c.vocab_size, TMAX = m->c.seq_len, fork = a->fork > 1;
+    /* The large buffers first, sized with overflow checks (n_seqs x TMAX tokens,
+     * twice n_seqs x V logits): one that cannot be had is reported before
+     * anything else is taken. */
+    int *hist = NULL;
+    float *logits = NULL, *blog = NULL;
+    size_t hist_bytes, logit_bytes;
+    kvt_status st = kvt_bytes(&hist_bytes, "the sequences' tokens (n_seqs x TMAX)", (size_t)n_seqs, (size_t)TMAX,
+                              sizeof(int), 1);
+    if (st == KVT_OK) st = kvt_bytes(&logit_bytes, "the batch's logits (n_seqs x V)", (size_t)n_seqs, (size_t)V, sizeof(float), 1);
+    if (st == KVT_OK) st = buf_alloc(0, (void **)&hist, hist_bytes, "the sequences' tokens (n_seqs x TMAX)");
+    if (st == KVT_OK) st = buf_alloc(0, (void **)&logits, logit_bytes, "the batch's logits (n_seqs x V)");
+    if (st == KVT_OK) st = buf_alloc(0, (void **)&blog, logit_bytes, "the batch's logits (n_seqs x V)");
+    if (st != KVT_OK) { free(hist); free(logits); free(blog); return cli_fail(""); }
     kvt_seq *seqs = (kvt_seq *)calloc((size_t)n_seqs, sizeof(kvt_seq));
     kvt_seq **batch = (kvt_seq **)kvt_malloc((size_t)n_seqs * sizeof(kvt_seq *));
     kvt_sampler *sm = (kvt_sampler *)calloc((size_t)n_seqs, sizeof(kvt_sampler)); /* zeroed: safe to free early */
-    int *hist = (int *)kvt_malloc((size_t)n_seqs * TMAX * sizeof(int)), *len = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
+    int *len = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
     int *next = (int *)kvt_malloc((size_t)n_seqs * sizeof(int)), *ones = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
     int *active = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
-    float *logits = (float *)kvt_malloc((size_t)n_seqs * V * sizeof(float)), *blog = (float *)kvt_malloc((size_t)n_seqs * V * sizeof(float));
     KVT_ASSERT(seqs && sm);
-    kvt_status st = KVT_OK;
     double t0 = kvt_now();
     /* Prefill. With --fork only sequence 0 computes the prompt; the others are
      * forks of it, so they share its chunks and start from its logits. */

@@ -69,6 +69,13 @@ static float *narrow(const double *x, size_t n) {
     return f;
 }
 
+/* A pool on its own (the engine checks memory between the two steps). */
+static kvt_status pool_init(kvt_pool *p, int gpu, int L, int NKV, int HS, int CH, int n_chunks, kvt_dtype dt, int G) {
+    size_t data_bytes, scale_bytes;
+    kvt_status st = pool_shape(p, gpu, L, NKV, HS, CH, n_chunks, dt, G, &data_bytes, &scale_bytes);
+    return st == KVT_OK ? pool_alloc(p, data_bytes, scale_bytes) : st;
+}
+
 // ---- ops against float64 -------------------------------------------------------
 
 static void test_rmsnorm(int gpu) {
@@ -1249,8 +1256,11 @@ static void test_bad_input(void) {
     for (int dev = 0; dev < 2; dev++) {
         o.device = dev ? KVT_GPU : KVT_CPU;
         st = kvt_engine_create(&e, &m, &o);
-        expect(st == KVT_ENOMEM && contains(kvt_last_error(), "the KV cache pool needs") &&
-               contains(kvt_last_error(), dev && !KVT_EMULATED && kvt_gpu_available() ? "device out of memory" : "out of memory"),
+        /* host memory (the CPU, or the emulated GPU) is checked before the pool is
+         * allocated; a real GPU's cudaMalloc fails by itself */
+        int on_device = dev && !KVT_EMULATED && kvt_gpu_available();
+        expect(st == KVT_ENOMEM && contains(kvt_last_error(), on_device ? "device out of memory: the KV cache pool needs"
+                                                                        : "not enough host memory"),
                "a pool too large for the %s: %s", dev ? "device" : "host", kvt_last_error());
         if (st == KVT_OK) kvt_engine_free(e);
     }
@@ -1272,6 +1282,8 @@ static int cli_run(const char *args, char *out, size_t cap) {
     return pclose(p);
 }
 /* The command line: bad flags give one clear line and a non-zero exit. */
+/* (The command runs through the shell with this process's environment, so a
+ * setenv before the call reaches kvt.) */
 static void cli_expect(const char *args, int want_ok, const char *want_text) {
     char out[4096];
     int rc = cli_run(args, out, sizeof(out));
@@ -1435,6 +1447,119 @@ static void test_hardening(void) {
     float bad[4] = {1.0f, 2.0f, INFINITY, NAN};
     expect(kvt_first_nonfinite(bad, 2) == -1 && kvt_first_nonfinite(bad, 4) == 2 && kvt_first_nonfinite(bad + 3, 1) == 0,
            "kvt_first_nonfinite finds Inf and NaN, and nothing in finite values");
+}
+
+/* Sizes past int or size_t, and models or caches larger than memory (issue 12):
+ * each is one error line, and nothing stays allocated (make test-asan checks
+ * for leaks). KVT_MEM_LIMIT stands in for the machine's available memory. */
+static void test_sizes(void) {
+    /* TMAX 2^20, 1024 layers of dim 16: 44 MB of weights, three quarters of
+     * them the unused RoPE tables (TMAX x HS floats) */
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(16, 1024, 2, 2, 32, 100, 1 << 20), 21) == KVT_OK);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.CH = 1;
+    kvt_engine *e = NULL;
+    /* 2048 and 4096 sequences x 2^20 one-position chunks: 2^31 and 2^32 table
+     * entries, which an int product made negative and 0 */
+    for (int seqs = 2048; seqs <= 4096; seqs *= 2) {
+        o.max_seqs = seqs;
+        kvt_status st = kvt_engine_create(&e, &m, &o);
+        expect(st == KVT_EARG && !e && contains(kvt_last_error(), "chunk-table entries"),
+               "%d sequences x 2^20 chunks: %s", seqs, kvt_last_error());
+    }
+    /* 2^28 chunks of 2^20 positions x 1024 layers x 2 x 16 floats: 2^65 bytes */
+    o.max_seqs = 1;
+    o.CH = 1 << 20;
+    o.n_chunks = KVT_LIMIT_CHUNKS;
+    kvt_status st = kvt_engine_create(&e, &m, &o);
+    expect(st == KVT_ENOMEM && !e && contains(kvt_last_error(), "the KV cache pool would need"),
+           "a pool of more than 2^64 bytes: %s", kvt_last_error());
+    kvt_model_free(&m);
+    cli_expect("--random 16,1,2,2,32,100,1048576 --chunk 1 --fork 2048 -n 1 --prompt-tokens 1", 0,
+               "= 2147483648 chunk-table entries");
+    cli_expect("--random 16,1,2,2,32,100,1048576 --chunk 1 --fork 4096 -n 1 --prompt-tokens 1", 0,
+               "= 4294967296 chunk-table entries");
+
+    /* Memory. This model's weights and its default engine's pool, counted here
+     * from the shapes: weights 2.3 MB, pool 0.13 MB, and about 3.6 MB of scratch
+     * (mostly two copies of 256 rows of 1000 logits). */
+    int D = 128, L = 2, NH = 4, NKV = 4, HD = 256, V = 1000, TMAX = 64, HS = D / NH, CH = 16;
+    kvt_config c = cfg(D, L, NH, NKV, HD, V, TMAX);
+    double w_bytes = 4.0 * (2.0 * V * D + L * (2.0 * D + 2.0 * D * D + 2.0 * NKV * HS * D + 3.0 * HD * D) + D +
+                            (double)TMAX * HS);
+    double pool_bytes = 4.0 * (TMAX / CH) * L * 2 * CH * NKV * HS;
+    char want_w[64], want_pool[64];
+    snprintf(want_w, sizeof(want_w), "weights %.3g GB", w_bytes / 1e9);
+    snprintf(want_pool, sizeof(want_pool), "(loaded), cache %.3g GB, scratch", pool_bytes / 1e9);
+    setenv("KVT_MEM_LIMIT", "1000000", 1);
+    st = kvt_model_random(&m, c, 22);
+    expect(st == KVT_ENOMEM && !m.data && contains(kvt_last_error(), "not enough host memory") &&
+           contains(kvt_last_error(), want_w) && contains(kvt_last_error(), "available 0.001 GB (KVT_MEM_LIMIT)"),
+           "random model over KVT_MEM_LIMIT: %s", kvt_last_error());
+    unsetenv("KVT_MEM_LIMIT");
+    KVT_ASSERT(kvt_model_random(&m, c, 22) == KVT_OK);
+    const char *p = "/tmp/kvt_test_sizes.bin";
+    KVT_ASSERT(write_checkpoint(p, &m, 0, 0));
+    setenv("KVT_MEM_LIMIT", "1000000", 1);
+    kvt_model m2;
+    st = kvt_model_load(&m2, p);
+    expect(st == KVT_ENOMEM && !m2.data && contains(kvt_last_error(), want_w),
+           "checkpoint over KVT_MEM_LIMIT: %s", kvt_last_error());
+    if (st == KVT_OK) kvt_model_free(&m2);
+    setenv("KVT_MEM_LIMIT", "3000000", 1); /* the weights are loaded; the engine's 3.7 MB do not fit */
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    st = kvt_engine_create(&e, &m, &o);
+    expect(st == KVT_ENOMEM && !e && contains(kvt_last_error(), want_w) && contains(kvt_last_error(), want_pool) &&
+           contains(kvt_last_error(), "available 0.003 GB"), "engine over KVT_MEM_LIMIT: %s", kvt_last_error());
+    if (st == KVT_OK) kvt_engine_free(e);
+    o.device = KVT_GPU; /* the emulated GPU's buffers are host memory too */
+    st = kvt_engine_create(&e, &m, &o);
+    if (KVT_EMULATED || !kvt_gpu_available())
+        expect(st == KVT_ENOMEM && !e, "engine on the %s over KVT_MEM_LIMIT: %s",
+               KVT_EMULATED ? "emulated GPU" : "CPU (no GPU)", kvt_last_error());
+    if (st == KVT_OK) kvt_engine_free(e);
+    setenv("KVT_MEM_LIMIT", "8000000", 1);
+    o.device = KVT_CPU;
+    st = kvt_engine_create(&e, &m, &o);
+    expect(st == KVT_OK, "engine under KVT_MEM_LIMIT = 8 MB: %s", st == KVT_OK ? "made" : kvt_last_error());
+    if (st == KVT_OK) kvt_engine_free(e);
+    setenv("KVT_MEM_LIMIT", "1000000", 1);
+    cli_expect("--random 128,2,4,4,256,1000,64 -n 1", 0, want_w);
+    setenv("KVT_MEM_LIMIT", "3000000", 1);
+    cli_expect("--random 128,2,4,4,256,1000,64 -n 1", 0, want_pool);
+    unsetenv("KVT_MEM_LIMIT");
+    cli_expect("--random 128,2,4,4,256,1000,64 -n 1", 1, "");
+    kvt_model_free(&m);
+
+    /* The random fill: blocks of KVT_FILL_BLOCK floats, each with its own
+     * generator, so 1 and 2 threads give the same bits. Tensors of 128000
+     * (embedding) and 65536 x 2 + ... floats span several blocks. */
+    int max_threads = omp_get_max_threads();
+    kvt_model r[2];
+    for (int t = 0; t < 2; t++) {
+        omp_set_num_threads(t + 1);
+        KVT_ASSERT(kvt_model_random(&r[t], c, 23) == KVT_OK);
+    }
+    omp_set_num_threads(max_threads);
+    expect(r[0].n_floats == r[1].n_floats && !memcmp(r[0].data, r[1].data, r[0].n_floats * sizeof(float)),
+           "random model: the same %zu floats on 1 and 2 threads", r[0].n_floats);
+    /* and the values look like what kvt_model_random promises: the embedding
+     * uniform in [-1, 1) (mean within 6 standard errors of 0), block 1 not a
+     * copy of block 0 */
+    const float *emb = r[0].w.token_embedding;
+    size_t n = (size_t)1000 * 128;
+    double sum = 0.0;
+    int in_range = 1;
+    for (size_t i = 0; i < n; i++) { sum += emb[i]; in_range &= emb[i] >= -1.0f && emb[i] < 1.0f; }
+    expect(in_range && fabs(sum / (double)n) < 6.0 * 0.577 / sqrt((double)n) &&
+           memcmp(emb, emb + KVT_FILL_BLOCK, 64 * sizeof(float)) != 0,
+           "random embedding: in [-1, 1), mean %.5f, blocks differ", sum / (double)n);
+    kvt_model_free(&r[0]);
+    kvt_model_free(&r[1]);
 }
 
 // ---- the default model (weights/) -----------------------------------------------------------
@@ -2149,6 +2274,7 @@ int main(int argc, char **argv) {
     test_batch_exhaustion();
     test_fork_memory();
     test_bad_input();
+    test_sizes();
     test_bpe();
     test_bpe_fast();
     test_sampler();
