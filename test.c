@@ -1256,14 +1256,22 @@ static void test_bad_input(void) {
 }
 
 /* The command line: bad flags give one clear line and a non-zero exit. */
-static void cli_expect(const char *args, int want_ok, const char *want_text) {
-    char cmd[512], out[4096] = "";
+/* Run kvt with args; its stdout and stderr (the first cap - 1 bytes) in out,
+ * its exit status returned (-1: it could not be started). */
+static int cli_run(const char *args, char *out, size_t cap) {
+    char cmd[512];
     snprintf(cmd, sizeof(cmd), "%s %s 2>&1", kvt_bin, args);
+    out[0] = '\0';
     FILE *p = popen(cmd, "r");
-    if (!p) { expect(0, "cli: cannot run %s", cmd); return; }
-    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
     out[n] = '\0';
-    int rc = pclose(p);
+    return pclose(p);
+}
+static void cli_expect(const char *args, int want_ok, const char *want_text) {
+    char out[4096];
+    int rc = cli_run(args, out, sizeof(out));
+    if (rc == -1) { expect(0, "cli: cannot run %s %s", kvt_bin, args); return; }
     int ok = (rc == 0) == want_ok && contains(out, want_text);
     char first[200];
     snprintf(first, sizeof(first), "%.199s", out);
@@ -1291,6 +1299,73 @@ static void test_cli(void) {
     cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --stats --fork-share off", 1, "(0.0% saved)");
     cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --chunk 4 --chunks 4", 0, "of the batch cannot grow");
     cli_expect("--random 32,1,4,2,64,50,32 --fork 2 --kv-cache off", 0, "drop --kv-cache off");
+}
+
+/* An inf, a nan or a negative number (a '-' after a space, before a digit) in
+ * a bench's output: a rate that divided by a zero or negative time. */
+static int bench_bad_number(const char *out) {
+    if (contains(out, "inf") || contains(out, "nan")) return 1;
+    for (const char *c = out; *c; c++)
+        if (*c == '-' && (c == out || c[-1] == ' ') && c[1] >= '0' && c[1] <= '9') return 1;
+    return 0;
+}
+/* Every bench either measures or refuses, in one line, a shape it cannot
+ * measure: a model too short for its steps, a --bench-ctx or --bench-every
+ * out of range, a --chunks pool too small. The smallest shapes that measure
+ * run too (each well under a second; matmul times 0.3 s per row count, so it
+ * is left out). No rate may come out inf, nan or negative. */
+static void test_bench_shapes(void) {
+    FILE *f = fopen(kvt_bin, "rb");
+    if (!f) { skip("bench shape checks (no kvt binary given)"); return; }
+    fclose(f);
+    /* too short: the reason, and what the bench needs */
+    cli_expect("--random 32,1,2,2,64,50,2 --chunk 1 --bench decode", 0, "--bench decode needs TMAX >= 4 (a prompt at");
+    cli_expect("--random 32,1,2,2,64,50,3 --chunk 1 --bench decode", 0, "needs TMAX >= 4 (a prompt at position 0, an "
+               "untimed step at 1, at least two timed steps from 2 on); this model has TMAX = 3");
+    cli_expect("--random 32,1,2,2,64,50,4 --chunk 1 --bench positions", 0, "--bench positions needs TMAX >= 5");
+    cli_expect("--random 32,1,2,2,64,50,16 --chunk 4 --bench positions --bench-every 17", 0,
+               "this model has TMAX = 16: give --bench-every 12 or less");
+    cli_expect("--random 32,1,2,2,64,50,16 --chunk 4 --bench positions --bench-every 13", 0, "needs TMAX >= 17");
+    cli_expect("--random 32,1,2,2,64,50,31 --bench batch", 0, "--bench batch needs TMAX >= 32");
+    cli_expect("--random 32,1,2,2,64,50,8 --chunk 1 --bench stages", 0, "--bench stages needs TMAX >= 9");
+    cli_expect("--random 32,1,2,2,64,50,32 --bench context", 0, "--bench context needs TMAX >= 33");
+    /* a --bench-ctx out of range names the flag; a default one never does */
+    cli_expect("--random 32,1,2,2,64,50,8 --chunk 2 --bench attention --bench-ctx 9", 0,
+               "--bench-ctx 9: --bench attention needs 1 <= T <= TMAX = 8");
+    cli_expect("--random 32,1,2,2,64,50,16 --chunk 4 --bench stages --bench-ctx 9", 0,
+               "--bench-ctx 9: --bench stages needs 1 <= T <= TMAX - 8 = 8");
+    cli_expect("--random 32,1,2,2,64,50,40 --chunk 4 --bench context --bench-ctx 9", 0,
+               "--bench-ctx 9: --bench context needs 1 <= T <= TMAX - 32 = 8");
+    const char *quiet[] = {"--random 32,1,2,2,64,50,1 --bench stages", "--random 32,1,2,2,64,50,1 --bench context"};
+    for (int i = 0; i < 2; i++) {
+        char out[4096];
+        int rc = cli_run(quiet[i], out, sizeof(out));
+        expect(rc != 0 && contains(out, "needs TMAX >=") && !contains(out, "--bench-ctx"),
+               "cli '%s': refused without naming --bench-ctx, which was not given", quiet[i]);
+    }
+    cli_expect("--random 32,1,2,2,64,50,32 --bench batch --chunks 31", 0,
+               "--chunks 31: --bench batch needs 32 chunks of 16 positions");
+    cli_expect("--random 32,1,2,2,64,50,12 --chunk 4 --chunks 3 --bench stages", 0,
+               "--chunks 3: --bench stages needs 17 chunks of 4 positions (8 sequences sharing a prompt of 4");
+    /* the smallest shapes that measure; the default context fitted to the model */
+    const char *runs[][3] = { /* flags, a line the output must have, what that line is */
+        {"--random 32,1,2,2,64,50,4 --chunk 1 --bench decode", "decode (cpu, fp32 cache, positions 2..3)",
+         "positions 2..3 timed"},
+        {"--random 16,1,2,1,32,20,16 --chunk 4 --bench positions --bench-every 1", "cache off ms/tok\n       1 ",
+         "a row for position 1"},
+        {"--random 32,1,2,2,64,50,5 --chunk 1 --bench positions --bench-every 1", "cache off ms/tok\n       1 ",
+         "a row for position 1"},
+        {"--random 32,1,2,2,64,50,32 --bench batch", "\n    16 ", "a row for batch 16"},
+        {"--random 32,1,2,2,64,50,1 --chunk 1 --bench attention", "over T = 1 cached positions", "T = TMAX = 1"},
+        {"--random 32,1,2,2,64,50,12 --chunk 4 --bench stages", "decode at position 4", "T = TMAX - 8 = 4"},
+        {"--random 32,1,2,2,64,50,33 --chunk 1 --bench context", "\nint8      1      1 ", "T = TMAX - 32 = 1"},
+    };
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        char out[4096];
+        int rc = cli_run(runs[i][0], out, sizeof(out));
+        expect(rc == 0 && contains(out, runs[i][1]) && !bench_bad_number(out),
+               "cli '%s': exit %d, %s, no inf, nan or negative number", runs[i][0], rc, runs[i][2]);
+    }
 }
 
 // ---- the default model (weights/) -----------------------------------------------------------
@@ -1803,6 +1878,7 @@ int main(int argc, char **argv) {
     test_sampler();
     test_default_model();
     test_cli();
+    test_bench_shapes();
     if (gpu) {
         test_rmsnorm(1);
         test_matmul(1);
