@@ -2823,32 +2823,63 @@ static double kvt_weight_bytes(const kvt_model *m) {
     return 4.0 * (c->n_layers * (2 * D * D + 2 * KVD * D + 3 * HD * D + 2 * D) + D + (double)c->vocab_size * D);
 }
 
+/* Seconds since t0, for the rates the benches print. A step of a tiny model
+ * can be quicker than the clock can tell: 0 s would turn a rate into inf (and
+ * 0 / 0 into NaN), so no time is taken as less than 1 ns, the clock's unit. */
+static double kvt_since(double t0) {
+    double dt = kvt_now() - t0;
+    return dt > 1e-9 ? dt : 1e-9;
+}
+
+/* The pool a bench's engine gets holds every sequence at TMAX, unless --chunks
+ * set its size (o->n_chunks > 0): then check, before anything is printed,
+ * that it holds the `need` chunks the bench takes at its peak; `what` (a
+ * printf format) says what fills them. */
+static kvt_status bench_pool_check(const kvt_options *o, const char *bench, int need, const char *what, ...) {
+    if (o->n_chunks <= 0 || o->n_chunks >= need) return KVT_OK;
+    char held[128];
+    va_list ap;
+    va_start(ap, what);
+    vsnprintf(held, sizeof(held), what, ap);
+    va_end(ap);
+    return kvt_fail(KVT_EARG, "--chunks %d: --bench %s needs %d chunks of %d positions (%s); raise --chunks or "
+                    "leave it out", o->n_chunks, bench, need, o->CH, held);
+}
+
 /* Decode speed at short context against the bandwidth bound. */
 /* Decode at short context is a sequence of matrix-vector products: each
  * weight is read once and used for one multiply-add. The time per token is
  * then bounded below by weight_bytes / bandwidth, whatever the flops; the
- * fraction of that bound reached says how well the matmul streams memory. */
+ * fraction of that bound reached says how well the matmul streams memory.
+ * Positions: 0 .. np-1 the prompt, np one untimed step (threads and caches
+ * warm up), np+1 .. np+steps-1 the timed steps. A model shorter than the
+ * usual 16 + 32 positions gets a 1-token prompt and decodes to its end; the
+ * shortest that leaves an average of two timed steps is TMAX = 4. */
 static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
+    int V = m->c.vocab_size, TMAX = m->c.seq_len, np = 16, steps = 32;
+    if (np + steps > TMAX) { np = 1; steps = TMAX - 1; }
+    if (steps < 3)
+        return kvt_fail(KVT_ECONTEXT, "--bench decode needs TMAX >= 4 (a prompt at position 0, an untimed step at "
+                        "1, at least two timed steps from 2 on); this model has TMAX = %d", TMAX);
     kvt_engine *e;
     kvt_seq s;
-    kvt_status st = kvt_engine_create(&e, m, o);
+    kvt_status st = bench_pool_check(o, "decode", kvt_cdiv(np + steps, o->CH), "%d positions", np + steps);
+    if (st == KVT_OK) st = kvt_engine_create(&e, m, o);
     if (st != KVT_OK) return st;
     kvt_seq_init(e, &s);
-    int V = m->c.vocab_size, np = 16, steps = 32;
-    if (np + steps + 1 > m->c.seq_len) { np = 1; steps = m->c.seq_len - 2; }
     int *toks = (int *)kvt_malloc((size_t)(np + steps) * sizeof(int));
     float *logits = (float *)kvt_malloc((size_t)V * sizeof(float));
     kvt_fake_tokens(toks, np + steps, V);
     double bw = 0, rbw = 0, wb = kvt_weight_bytes(m);
     if (e->gpu) bw = rbw = kvt_device_bandwidth_gbs();
     else kvt_bandwidth_gbs(&bw, &rbw);
-    /* a short prompt, one untimed step (threads and caches warm up), then
-     * timed single-token steps: the decode regime, where weights dominate */
+    /* the prompt, the untimed step, then the timed single-token steps: the
+     * decode regime, where reading the weights dominates */
     if (st == KVT_OK) st = kvt_forward(e, &s, toks, np, logits, 0);
     if (st == KVT_OK) st = kvt_forward(e, &s, toks + np, 1, logits, 0); /* warm-up */
     double t0 = kvt_now();
     for (int i = 1; i < steps && st == KVT_OK; i++) st = kvt_forward(e, &s, toks + np + i, 1, logits, 0);
-    double dt = (kvt_now() - t0) / (steps - 1);
+    double dt = kvt_since(t0) / (steps - 1);
     if (st == KVT_OK) {
         double bound = bw * 1e9 / wb, rbound = rbw * 1e9 / wb;
         printf("%s memory bandwidth: copy loop (read+write) %.2f GB/s%s", e->gpu ? "device" : "host", bw,
@@ -2857,7 +2888,8 @@ static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
         printf("weights read per token: %.1f MB -> bound %.2f tokens/s (copy bandwidth)", wb / 1e6, bound);
         if (!e->gpu) printf(", %.2f tokens/s (read bandwidth)", rbound);
         printf("\ndecode (%s, %s cache, positions %d..%d): %.2f ms/token = %.2f tokens/s = %.0f%% of the copy bound",
-               e->gpu ? "gpu" : "cpu", kvt_dtype_name(o->kv_dtype), np, np + steps, 1e3 * dt, 1.0 / dt, 100.0 / dt / bound);
+               e->gpu ? "gpu" : "cpu", kvt_dtype_name(o->kv_dtype), np + 1, np + steps - 1, 1e3 * dt, 1.0 / dt,
+               100.0 / dt / bound);
         if (!e->gpu) printf(", %.0f%% of the read bound", 100.0 / dt / rbound);
         printf("\n");
         if (csv) fprintf(csv, "copy_gbs,read_gbs,weight_mb,copy_bound_tok_s,read_bound_tok_s,decode_tok_s\n"
@@ -2876,19 +2908,32 @@ static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
 /* Cost model: with the cache, step T costs the weights once plus attention
  * over T cached positions (O(T), small next to the weights until T is large);
  * without it, step T re-runs T tokens through every layer (O(T) matmul rows
- * plus O(T^2) attention). Summed over a whole generation: O(T) vs O(T^2). */
+ * plus O(T^2) attention). Summed over a whole generation: O(T) vs O(T^2).
+ * The row of position p: with the cache, positions 0 .. p-1 are filled and
+ * the steps at p .. p+reps-1 timed; without it, the step at p (all p + 1
+ * tokens again). Rows at every, 2 * every, ... while p + reps <= TMAX. */
 static kvt_status bench_positions(kvt_model *m, const kvt_options *o, int every, FILE *csv) {
+    int V = m->c.vocab_size, TMAX = m->c.seq_len, reps = 4;
+    if (TMAX < 1 + reps)
+        return kvt_fail(KVT_ECONTEXT, "--bench positions needs TMAX >= %d (its first row fills position 0 and times "
+                        "positions 1..%d); this model has TMAX = %d", 1 + reps, reps, TMAX);
+    if (every < 1 || every + reps > TMAX)
+        return kvt_fail(KVT_EARG, "--bench positions with a row every %d positions needs TMAX >= %d (the first row "
+                        "times positions %d..%d); this model has TMAX = %d: give --bench-every %d or less", every,
+                        every + reps, every, every + reps - 1, TMAX, TMAX - reps);
     kvt_options on = *o, off = *o;
     on.kv_cache = 1;
     off.kv_cache = 0;
-    kvt_engine *e_on, *e_off = NULL;
+    kvt_engine *e_on = NULL, *e_off = NULL;
     kvt_seq s_on, s_off;
-    kvt_status st = kvt_engine_create(&e_on, m, &on);
+    int last = (TMAX - reps) / every * every; /* the position of the last row */
+    kvt_status st = bench_pool_check(o, "positions", kvt_cdiv(last + reps, o->CH), "%d positions in its last row",
+                                     last + reps);
+    if (st == KVT_OK) st = kvt_engine_create(&e_on, m, &on);
     if (st == KVT_OK) st = kvt_engine_create(&e_off, m, &off);
     if (st != KVT_OK) { kvt_engine_free(e_on); return st; }
     kvt_seq_init(e_on, &s_on);
     kvt_seq_init(e_off, &s_off);
-    int V = m->c.vocab_size, TMAX = m->c.seq_len, reps = 4;
     int *toks = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
     float *logits = (float *)kvt_malloc((size_t)V * sizeof(float));
     kvt_fake_tokens(toks, TMAX, V);
@@ -2897,14 +2942,14 @@ static kvt_status bench_positions(kvt_model *m, const kvt_options *o, int every,
     for (int pos = every; pos + reps <= TMAX && st == KVT_OK; pos += every) {
         /* cache on: fill positions 0..pos-1, time `reps` single-token steps */
         kvt_seq_reset(e_on, &s_on);
-        st = kvt_forward(e_on, &s_on, toks, pos - 1, logits, 0);
+        st = kvt_forward(e_on, &s_on, toks, pos, logits, 0);
         double t0 = kvt_now();
-        for (int i = 0; i < reps && st == KVT_OK; i++) st = kvt_step(e_on, &s_on, toks, pos + i, logits);
-        double ms_on = 1e3 * (kvt_now() - t0) / reps;
-        /* cache off: one step re-runs all pos tokens */
+        for (int i = 1; i <= reps && st == KVT_OK; i++) st = kvt_step(e_on, &s_on, toks, pos + i, logits);
+        double ms_on = 1e3 * kvt_since(t0) / reps;
+        /* cache off: the step at position pos re-runs all pos + 1 tokens */
         t0 = kvt_now();
-        if (st == KVT_OK) st = kvt_step(e_off, &s_off, toks, pos, logits);
-        double ms_off = 1e3 * (kvt_now() - t0);
+        if (st == KVT_OK) st = kvt_step(e_off, &s_off, toks, pos + 1, logits);
+        double ms_off = 1e3 * kvt_since(t0);
         if (st != KVT_OK) break;
         printf("%8d %16.3f %16.3f\n", pos, ms_on, ms_off);
         if (csv) fprintf(csv, "%d,%.4f,%.4f\n", pos, ms_on, ms_off);
@@ -2941,14 +2986,19 @@ static void kvt_sync(int gpu) {
 
 /* Attention alone, one query row at position T-1 of a cache filled with random
  * values (no model run needed to fill it): naive (3 kernels, score row in
- * memory), fused in one pass, and fused split across blocks + merge. */
+ * memory), fused in one pass, and fused split across blocks + merge. T = 0
+ * (no --bench-ctx): the whole context, T = TMAX; any model can be measured. */
 static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FILE *csv) {
     kvt_options bo = *o;
     bo.max_rows = 1;
     bo.prefix_reuse = 0;
-    if (T < 1 || T > m->c.seq_len) return kvt_fail(KVT_EARG, "--bench-ctx %d: must be in [1, TMAX = %d]", T, m->c.seq_len);
+    if (T == 0) T = m->c.seq_len;
+    if (T < 1 || T > m->c.seq_len)
+        return kvt_fail(KVT_EARG, "--bench-ctx %d: --bench attention needs 1 <= T <= TMAX = %d (one query over T "
+                        "cached positions)", T, m->c.seq_len);
     kvt_engine *e;
-    kvt_status st = kvt_engine_create(&e, m, &bo);
+    kvt_status st = bench_pool_check(o, "attention", kvt_cdiv(T, o->CH), "%d positions", T);
+    if (st == KVT_OK) st = kvt_engine_create(&e, m, &bo);
     if (st != KVT_OK) return st;
     kvt_pool *p = &e->pool;
     kvt_seq s;
@@ -2996,7 +3046,7 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
             else e->op->attention_fused(e->att, e->q, kv, 0, 1, NH, e->part, auto_len, auto_n);
         }
         kvt_sync(e->gpu);
-        ms[v] = 1e3 * (kvt_now() - ms[v]) / reps;
+        ms[v] = 1e3 * kvt_since(ms[v]) / reps;
     }
     printf("attention of one query over T = %d cached positions (%s cache, NH %d, NKV %d, HS %d) on %s%s\n", T,
            kvt_dtype_name(p->dtype), NH, p->NKV, p->HS, e->gpu ? kvt_gpu_name() : "the CPU",
@@ -3016,12 +3066,26 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
 /* The staged table: each row adds one idea to the previous one and reports
  * decode tokens/s at position T and the cache bytes a sequence of T holds.
  *   1 no cache (every step recomputes T positions)  2 + KV cache (fp32, naive)
- *   3 + fused attention   4 + int8 cache   5 + batch of 8 sharing a T-token prompt */
+ *   3 + fused attention   4 + int8 cache   5 + batch of 8 sharing a T-token prompt
+ * A prompt fills positions 0 .. T-1, then the steps at T .. T+7 are timed, so
+ * T + 8 <= TMAX. T = 0 (no --bench-ctx): TMAX/2, at most TMAX - 8. The
+ * shortest model it can measure has TMAX = 9 (T = 1). */
 static kvt_status bench_stages(kvt_model *m, const kvt_options *o, int T, FILE *csv) {
-    int V = m->c.vocab_size, steps = 8, B = 8;
-    if (T < 2 || T + steps > m->c.seq_len)
-        return kvt_fail(KVT_EARG, "--bench-ctx %d: the staged table needs 2 <= T <= TMAX - %d = %d", T, steps,
-                        m->c.seq_len - steps);
+    int V = m->c.vocab_size, TMAX = m->c.seq_len, steps = 8, B = 8;
+    if (TMAX < 1 + steps)
+        return kvt_fail(KVT_ECONTEXT, "--bench stages needs TMAX >= %d (a prompt at position 0, then %d timed steps "
+                        "at positions 1..%d); this model has TMAX = %d", 1 + steps, steps, steps, TMAX);
+    if (T == 0) T = TMAX / 2 + steps <= TMAX ? TMAX / 2 : TMAX - steps;
+    if (T < 1 || T + steps > TMAX)
+        return kvt_fail(KVT_EARG, "--bench-ctx %d: --bench stages needs 1 <= T <= TMAX - %d = %d (a prompt of T "
+                        "positions, then %d timed steps)", T, steps, TMAX - steps, steps);
+    /* The peak is stage 5: the shared prompt's chunks, and for each of the B
+     * sequences a copy of the prompt's partly filled last chunk plus new ones.
+     * That can be more than B sequences at TMAX hold (B = 8, TMAX = CH = 16:
+     * 1 + 8 > 8), so without --chunks every stage gets a pool of this size. */
+    int need = kvt_cdiv(T, o->CH) + B * (kvt_cdiv(T + steps, o->CH) - T / o->CH);
+    kvt_status st = bench_pool_check(o, "stages", need, "%d sequences sharing a prompt of %d positions", B, T);
+    if (st != KVT_OK) return st;
     int *toks = (int *)kvt_malloc((size_t)(T + steps) * sizeof(int));
     float *logits = (float *)kvt_malloc((size_t)B * V * sizeof(float));
     kvt_fake_tokens(toks, T + steps, V);
@@ -3030,13 +3094,13 @@ static kvt_status bench_stages(kvt_model *m, const kvt_options *o, int T, FILE *
     printf("staged table: decode at position %d (%s)\n%-30s %12s %14s\n", T, o->device == KVT_GPU ? "gpu" : "cpu", "stage",
            "tokens/s", "cache bytes");
     if (csv) fprintf(csv, "stage,tokens_per_s,cache_bytes\n");
-    kvt_status st = KVT_OK;
     for (int stage = 0; stage < 5 && st == KVT_OK; stage++) {
         kvt_options so = *o;
         so.kv_cache = stage > 0;
         so.attn = stage >= 2 ? KVT_ATTN_FUSED : KVT_ATTN_NAIVE;
         so.kv_dtype = stage >= 3 ? KVT_INT8 : KVT_FP32;
         so.max_seqs = stage == 4 ? B : 1;
+        so.n_chunks = o->n_chunks > 0 ? o->n_chunks : need;
         so.max_rows = so.max_rows < B ? B : so.max_rows;
         int nb = stage == 4 ? B : 1, *ones = (int *)kvt_malloc((size_t)B * sizeof(int));
         kvt_engine *e;
@@ -3045,7 +3109,7 @@ static kvt_status bench_stages(kvt_model *m, const kvt_options *o, int T, FILE *
         kvt_seq **ptr = (kvt_seq **)kvt_malloc((size_t)B * sizeof(kvt_seq *));
         KVT_ASSERT(seqs);
         kvt_seq_init(e, &seqs[0]);
-        st = kvt_forward(e, &seqs[0], toks, T - 1, logits, 0); /* positions 0 .. T-2 */
+        st = kvt_forward(e, &seqs[0], toks, T, logits, 0); /* positions 0 .. T-1 */
         for (int b = 0; b < nb; b++) {
             if (b) kvt_seq_fork(e, &seqs[b], &seqs[0]);
             ptr[b] = &seqs[b];
@@ -3053,13 +3117,13 @@ static kvt_status bench_stages(kvt_model *m, const kvt_options *o, int T, FILE *
         }
         int n_steps = stage == 0 ? 2 : steps; /* a recompute step is slow: two are enough */
         double t0 = kvt_now();
-        for (int i = 0; i < n_steps && st == KVT_OK; i++) {
+        for (int i = 0; i < n_steps && st == KVT_OK; i++) { /* the step at position T + i */
             int tk[8];
-            for (int b = 0; b < nb; b++) tk[b] = toks[T - 1 + i];
+            for (int b = 0; b < nb; b++) tk[b] = toks[T + i];
             if (stage == 4) st = kvt_forward_batch(e, ptr, nb, tk, ones, logits);
-            else st = kvt_step(e, &seqs[0], toks, T + i, logits);
+            else st = kvt_step(e, &seqs[0], toks, T + i + 1, logits);
         }
-        double dt = kvt_now() - t0;
+        double dt = kvt_since(t0);
         if (st == KVT_OK) {
             kvt_cache_usage u;
             kvt_cache_usage_of(e, (const kvt_seq *const *)ptr, nb, &u);
@@ -3081,8 +3145,13 @@ static kvt_status bench_stages(kvt_model *m, const kvt_options *o, int T, FILE *
  * rows, so tokens/s grows with B until compute, not bandwidth, is the limit. */
 static kvt_status bench_batch(kvt_model *m, const kvt_options *o, FILE *csv) {
     int sizes[] = {1, 2, 4, 8, 16}, V = m->c.vocab_size, np = 16, steps = 16;
-    kvt_status st = KVT_OK;
-    if (np + steps > m->c.seq_len) return kvt_fail(KVT_EARG, "--bench batch needs TMAX >= %d", np + steps);
+    if (np + steps > m->c.seq_len)
+        return kvt_fail(KVT_ECONTEXT, "--bench batch needs TMAX >= %d (each sequence fills positions 0..%d, then %d "
+                        "batched steps are timed at positions %d..%d); this model has TMAX = %d", np + steps, np - 1,
+                        steps, np, np + steps - 1, m->c.seq_len);
+    kvt_status st = bench_pool_check(o, "batch", 16 * kvt_cdiv(np + steps, o->CH), "16 sequences of %d positions",
+                                     np + steps);
+    if (st != KVT_OK) return st;
     printf("%6s %14s %14s\n", "batch", "ms/step", "tokens/s");
     if (csv) fprintf(csv, "batch,ms_per_step,tokens_per_s\n");
     for (int si = 0; si < 5 && st == KVT_OK; si++) {
@@ -3111,7 +3180,7 @@ static kvt_status bench_batch(kvt_model *m, const kvt_options *o, FILE *csv) {
             for (int b = 0; b < B; b++) step_toks[b] = toks[b * (np + steps) + np + i];
             st = kvt_forward_batch(e, ptr, B, step_toks, ones, logits);
         }
-        double dt = (kvt_now() - t0) / steps;
+        double dt = kvt_since(t0) / steps;
         if (st == KVT_OK) {
             printf("%6d %14.3f %14.1f\n", B, 1e3 * dt, B / dt);
             if (csv) fprintf(csv, "%d,%.4f,%.2f\n", B, 1e3 * dt, B / dt);
@@ -3130,13 +3199,22 @@ static kvt_status bench_batch(kvt_model *m, const kvt_options *o, FILE *csv) {
  *                    + 4 / G for int8's scales)
  * so no step can be faster than bytes per step / read bandwidth, and the bound
  * on tokens/s is B / that time. fp16 and int8 shrink the second term: once it
- * dominates (long contexts, many sequences) they should be faster than fp32. */
+ * dominates (long contexts, many sequences) they should be faster than fp32.
+ * T = 0 (no --bench-ctx): TMAX - 64, or TMAX - 32 on a model of 64 positions
+ * or fewer; the shortest model it can measure has TMAX = 33 (T = 1). */
 static kvt_status bench_context(kvt_model *m, const kvt_options *o, int T, int B, FILE *csv) {
     int V = m->c.vocab_size, TMAX = m->c.seq_len, steps = 32, L = m->c.n_layers, KVD = m->kv_dim;
+    if (TMAX < 1 + steps)
+        return kvt_fail(KVT_ECONTEXT, "--bench context needs TMAX >= %d (a prompt at position 0, then %d timed "
+                        "steps at positions 1..%d); this model has TMAX = %d", 1 + steps, steps, steps, TMAX);
+    if (T == 0) T = TMAX > 2 * steps ? TMAX - 2 * steps : TMAX - steps;
     if (T < 1 || T + steps > TMAX)
-        return kvt_fail(KVT_EARG, "--bench-ctx %d: the context bench needs 1 <= T <= TMAX - %d = %d (%d decode "
-                        "steps follow the prompt)", T, steps, TMAX - steps, steps);
+        return kvt_fail(KVT_EARG, "--bench-ctx %d: --bench context needs 1 <= T <= TMAX - %d = %d (a prompt of T "
+                        "positions, then %d timed steps)", T, steps, TMAX - steps, steps);
     if (B < 1 || B > 256) return kvt_fail(KVT_EARG, "--bench-batch %d: expected 1..256 sequences", B);
+    kvt_status st = bench_pool_check(o, "context", B * kvt_cdiv(T + steps, o->CH), "%d sequence(s) of %d positions",
+                                     B, T + steps);
+    if (st != KVT_OK) return st;
     double bw, rbw, wb = kvt_weight_bytes(m);
     int gpu = o->device == KVT_GPU && kvt_gpu_available();
     if (gpu) bw = rbw = kvt_device_bandwidth_gbs();
@@ -3154,7 +3232,6 @@ static kvt_status bench_context(kvt_model *m, const kvt_options *o, int T, int B
     kvt_seq **ptr = (kvt_seq **)kvt_malloc((size_t)B * sizeof(kvt_seq *));
     KVT_ASSERT(seqs);
     kvt_fake_tokens(toks, B * (T + steps), V); /* a different prompt for every sequence */
-    kvt_status st = KVT_OK;
     for (int dt = KVT_FP32; dt <= KVT_INT8 && st == KVT_OK; dt++) {
         kvt_options bo = *o;
         bo.kv_dtype = (kvt_dtype)dt;
@@ -3170,7 +3247,7 @@ static kvt_status bench_context(kvt_model *m, const kvt_options *o, int T, int B
             if ((st = kvt_seq_init(e, &seqs[b])) == KVT_OK)
                 st = kvt_forward(e, &seqs[b], toks + (size_t)b * (T + steps), T, logits, 0);
         }
-        double t_prefill = kvt_now() - t0, cache_bytes = 0;
+        double t_prefill = kvt_since(t0), cache_bytes = 0;
         t0 = kvt_now();
         for (int i = 0; i < steps && st == KVT_OK; i++) {
             for (int b = 0; b < B; b++) step_toks[b] = toks[(size_t)b * (T + steps) + T + i];
@@ -3178,7 +3255,7 @@ static kvt_status bench_context(kvt_model *m, const kvt_options *o, int T, int B
             cache_bytes += (double)B * (T + i + 1) * L * 2 * KVD * ((double)kvt_dtype_bits(bo.kv_dtype) / 8 +
                                                                   (bo.kv_dtype == KVT_INT8 ? 4.0 / bo.kv_group : 0));
         }
-        double t_decode = (kvt_now() - t0) / steps, bytes = wb + cache_bytes / steps, bound = B * rbw * 1e9 / bytes;
+        double t_decode = kvt_since(t0) / steps, bytes = wb + cache_bytes / steps, bound = B * rbw * 1e9 / bytes;
         if (st == KVT_OK) {
             printf("%-5s %5d %6d %12.1f %12.1f %14.0f %12.1f %8.0f%%\n", kvt_dtype_name(bo.kv_dtype), B, T,
                    B * T / t_prefill, B / t_decode, bytes, bound, 100.0 * B / t_decode / bound);
@@ -3270,12 +3347,13 @@ static void usage(FILE *f) {
         "  --check                 run CPU and GPU side by side; print the logit difference per step\n"
         "  --ppl FILE              perplexity of a text file (teacher forced, windows of TMAX)\n"
         "  --ppl-from F            start --ppl at this fraction of the file (e.g. 0.9)\n"
-        "  --bench decode|positions|batch|attention|stages|context   speed vs the bandwidth bound;\n"
+        "  --bench decode|positions|batch|attention|stages|context|matmul   speed vs the bandwidth bound;\n"
         "                          ms/token vs position; tokens/s vs batch size; naive vs fused vs split\n"
         "                          attention; the staged table (no cache -> cache -> fused -> int8 -> batch\n"
-        "                          of 8); B sequences at context T per cache type vs the bound\n"
-        "  --bench-ctx T           --bench attention/stages/context: cached positions (default TMAX, TMAX/2,\n"
-        "                          TMAX - 64)\n"
+        "                          of 8); B sequences at context T per cache type vs the bound; matmul\n"
+        "                          tiles vs sgemm GFLOP/s by row count\n"
+        "  --bench-ctx T           --bench attention/stages/context: cached positions (default TMAX; TMAX/2,\n"
+        "                          at most TMAX - 8; TMAX - 64, or TMAX - 32 when TMAX <= 64)\n"
         "  --bench-batch B         --bench context: sequences decoded together (default 1)\n"
         "  --bench-every N         --bench positions: step between positions (default 64)\n"
         "  --csv FILE              --bench: also write the table as CSV\n"
@@ -3831,11 +3909,11 @@ int main(int argc, char **argv) {
         if (a.csv && !(csv = fopen(a.csv, "w"))) kvt_fail(KVT_EIO, "--csv: cannot write '%s'", a.csv);
         else if (!strcmp(a.bench, "decode")) st = bench_decode(&m, &a.o, csv);
         else if (!strcmp(a.bench, "positions")) st = bench_positions(&m, &a.o, a.bench_every, csv);
-        else if (!strcmp(a.bench, "attention")) st = bench_attention(&m, &a.o, a.bench_ctx ? a.bench_ctx : TMAX, csv);
-        else if (!strcmp(a.bench, "stages")) st = bench_stages(&m, &a.o, a.bench_ctx ? a.bench_ctx : TMAX / 2, csv);
+        else if (!strcmp(a.bench, "attention")) st = bench_attention(&m, &a.o, a.bench_ctx, csv); /* 0: fitted */
+        else if (!strcmp(a.bench, "stages")) st = bench_stages(&m, &a.o, a.bench_ctx, csv);
         else if (!strcmp(a.bench, "matmul")) st = bench_matmul(&m, csv);
         else if (!strcmp(a.bench, "context"))
-            st = bench_context(&m, &a.o, a.bench_ctx ? a.bench_ctx : TMAX - 64, a.bench_batch ? a.bench_batch : 1, csv);
+            st = bench_context(&m, &a.o, a.bench_ctx, a.bench_batch ? a.bench_batch : 1, csv);
         else st = bench_batch(&m, &a.o, csv);
         if (csv) fclose(csv);
         kvt_model_free(&m);

@@ -1562,6 +1562,73 @@ static void test_sizes(void) {
     kvt_model_free(&r[1]);
 }
 
+/* An inf, a nan or a negative number (a '-' after a space, before a digit) in
+ * a bench's output: a rate that divided by a zero or negative time. */
+static int bench_bad_number(const char *out) {
+    if (contains(out, "inf") || contains(out, "nan")) return 1;
+    for (const char *c = out; *c; c++)
+        if (*c == '-' && (c == out || c[-1] == ' ') && c[1] >= '0' && c[1] <= '9') return 1;
+    return 0;
+}
+/* Every bench either measures or refuses, in one line, a shape it cannot
+ * measure: a model too short for its steps, a --bench-ctx or --bench-every
+ * out of range, a --chunks pool too small. The smallest shapes that measure
+ * run too (each well under a second; matmul times 0.3 s per row count, so it
+ * is left out). No rate may come out inf, nan or negative. */
+static void test_bench_shapes(void) {
+    FILE *f = fopen(kvt_bin, "rb");
+    if (!f) { skip("bench shape checks (no kvt binary given)"); return; }
+    fclose(f);
+    /* too short: the reason, and what the bench needs */
+    cli_expect("--random 32,1,2,2,64,50,2 --chunk 1 --bench decode", 0, "--bench decode needs TMAX >= 4 (a prompt at");
+    cli_expect("--random 32,1,2,2,64,50,3 --chunk 1 --bench decode", 0, "needs TMAX >= 4 (a prompt at position 0, an "
+               "untimed step at 1, at least two timed steps from 2 on); this model has TMAX = 3");
+    cli_expect("--random 32,1,2,2,64,50,4 --chunk 1 --bench positions", 0, "--bench positions needs TMAX >= 5");
+    cli_expect("--random 32,1,2,2,64,50,16 --chunk 4 --bench positions --bench-every 17", 0,
+               "this model has TMAX = 16: give --bench-every 12 or less");
+    cli_expect("--random 32,1,2,2,64,50,16 --chunk 4 --bench positions --bench-every 13", 0, "needs TMAX >= 17");
+    cli_expect("--random 32,1,2,2,64,50,31 --bench batch", 0, "--bench batch needs TMAX >= 32");
+    cli_expect("--random 32,1,2,2,64,50,8 --chunk 1 --bench stages", 0, "--bench stages needs TMAX >= 9");
+    cli_expect("--random 32,1,2,2,64,50,32 --bench context", 0, "--bench context needs TMAX >= 33");
+    /* a --bench-ctx out of range names the flag; a default one never does */
+    cli_expect("--random 32,1,2,2,64,50,8 --chunk 2 --bench attention --bench-ctx 9", 0,
+               "--bench-ctx 9: --bench attention needs 1 <= T <= TMAX = 8");
+    cli_expect("--random 32,1,2,2,64,50,16 --chunk 4 --bench stages --bench-ctx 9", 0,
+               "--bench-ctx 9: --bench stages needs 1 <= T <= TMAX - 8 = 8");
+    cli_expect("--random 32,1,2,2,64,50,40 --chunk 4 --bench context --bench-ctx 9", 0,
+               "--bench-ctx 9: --bench context needs 1 <= T <= TMAX - 32 = 8");
+    const char *quiet[] = {"--random 32,1,2,2,64,50,1 --bench stages", "--random 32,1,2,2,64,50,1 --bench context"};
+    for (int i = 0; i < 2; i++) {
+        char out[4096];
+        int rc = cli_run(quiet[i], out, sizeof(out));
+        expect(rc != 0 && contains(out, "needs TMAX >=") && !contains(out, "--bench-ctx"),
+               "cli '%s': refused without naming --bench-ctx, which was not given", quiet[i]);
+    }
+    cli_expect("--random 32,1,2,2,64,50,32 --bench batch --chunks 31", 0,
+               "--chunks 31: --bench batch needs 32 chunks of 16 positions");
+    cli_expect("--random 32,1,2,2,64,50,12 --chunk 4 --chunks 3 --bench stages", 0,
+               "--chunks 3: --bench stages needs 17 chunks of 4 positions (8 sequences sharing a prompt of 4");
+    /* the smallest shapes that measure; the default context fitted to the model */
+    const char *runs[][3] = { /* flags, a line the output must have, what that line is */
+        {"--random 32,1,2,2,64,50,4 --chunk 1 --bench decode", "decode (cpu, fp32 cache, positions 2..3)",
+         "positions 2..3 timed"},
+        {"--random 16,1,2,1,32,20,16 --chunk 4 --bench positions --bench-every 1", "cache off ms/tok\n       1 ",
+         "a row for position 1"},
+        {"--random 32,1,2,2,64,50,5 --chunk 1 --bench positions --bench-every 1", "cache off ms/tok\n       1 ",
+         "a row for position 1"},
+        {"--random 32,1,2,2,64,50,32 --bench batch", "\n    16 ", "a row for batch 16"},
+        {"--random 32,1,2,2,64,50,1 --chunk 1 --bench attention", "over T = 1 cached positions", "T = TMAX = 1"},
+        {"--random 32,1,2,2,64,50,12 --chunk 4 --bench stages", "decode at position 4", "T = TMAX - 8 = 4"},
+        {"--random 32,1,2,2,64,50,33 --chunk 1 --bench context", "\nint8      1      1 ", "T = TMAX - 32 = 1"},
+    };
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        char out[4096];
+        int rc = cli_run(runs[i][0], out, sizeof(out));
+        expect(rc == 0 && contains(out, runs[i][1]) && !bench_bad_number(out),
+               "cli '%s': exit %d, %s, no inf, nan or negative number", runs[i][0], rc, runs[i][2]);
+    }
+}
+
 // ---- the default model (weights/) -----------------------------------------------------------
 
 static void test_default_model(void) {
@@ -2281,6 +2348,7 @@ int main(int argc, char **argv) {
     test_default_model();
     test_hardening();
     test_cli();
+    test_bench_shapes();
     if (gpu) {
         test_rmsnorm(1);
         test_matmul(1);
