@@ -1420,23 +1420,21 @@ static void test_hardening(void) {
     cli_expect("--ppl /tmp/kvt_test_ppl.txt --prompts /tmp/kvt_test_ppl.txt", 0, "--ppl scores a file");
     cli_expect("--ppl /tmp/kvt_test_ppl.txt --fork 2", 0, "--ppl scores a file");
     cli_expect("--prompt-tokens 5", 0, "--prompt-tokens is for --random models");
-    snprintf(args, sizeof(args), "%s --csv /tmp/x.csv", R);
-    cli_expect(args, 0, "--csv writes the table of a --bench run");
-    snprintf(args, sizeof(args), "%s --kv-group 8", R);
-    cli_expect(args, 0, "--kv-group sets the channels per scale of an int8 cache");
-    snprintf(args, sizeof(args), "%s --attn naive --split 8", R);
-    cli_expect(args, 0, "--split divides the fused attention");
-    snprintf(args, sizeof(args), "%s -i hello", R);
-    cli_expect(args, 0, "-i needs a tokenizer");
-    snprintf(args, sizeof(args), "%s --bench decode --fork 2", R);
-    cli_expect(args, 0, "--bench is a run of its own");
-    snprintf(args, sizeof(args), "%s --bench-every 4", R);
-    cli_expect(args, 0, "need --bench");
-    snprintf(args, sizeof(args), "%s --fork-share off", R);
-    cli_expect(args, 0, "--fork-share needs --fork N");
-    /* 15. cache off needs the chunks too: refused before the run, not at step 17 */
-    snprintf(args, sizeof(args), "%s --kv-cache off --chunks 1 -n 20", R);
-    cli_expect(args, 0, "--chunks 1: too small for one sequence of 28 positions");
+    const char *with_random[][2] = { /* flags after R, and what the refusal says */
+        {"--csv /tmp/x.csv", "--csv writes the table of a --bench run"},
+        {"--kv-group 8", "--kv-group sets the channels per scale of an int8 cache"},
+        {"--attn naive --split 8", "--split divides the fused attention"},
+        {"-i hello", "-i needs a tokenizer"},
+        {"--bench decode --fork 2", "--bench is a run of its own"},
+        {"--bench-every 4", "need --bench"},
+        {"--fork-share off", "--fork-share needs --fork N"},
+        /* 15. cache off needs the chunks too: refused before the run, not at step 17 */
+        {"--kv-cache off --chunks 1 -n 20", "--chunks 1: too small for one sequence of 28 positions"},
+    };
+    for (size_t i = 0; i < sizeof(with_random) / sizeof(with_random[0]); i++) {
+        snprintf(args, sizeof(args), "%s %s", R, with_random[i][0]);
+        cli_expect(args, 0, with_random[i][1]);
+    }
     /* the file helpers themselves */
     char *text;
     size_t len;
