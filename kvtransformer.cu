@@ -2939,8 +2939,8 @@ static kvt_status bench_positions(kvt_model *m, const kvt_options *o, int every,
     int *toks = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
     float *logits = (float *)kvt_malloc((size_t)V * sizeof(float));
     kvt_fake_tokens(toks, TMAX, V);
-    printf("%8s %16s %16s\n", "position", "cache on ms/tok", "cache off ms/tok");
-    if (csv) fprintf(csv, "position,cache_on_ms,cache_off_ms\n");
+    printf("%8s %16s %16s %8s\n", "position", "cache on us/tok", "cache off us/tok", "off/on");
+    if (csv) fprintf(csv, "position,cache_on_ms,cache_off_ms,off_over_on\n");
     for (int pos = every; pos + reps <= TMAX && st == KVT_OK; pos += every) {
         /* cache on: fill positions 0..pos-1, time `reps` single-token steps */
         kvt_seq_reset(e_on, &s_on);
@@ -2953,8 +2953,8 @@ static kvt_status bench_positions(kvt_model *m, const kvt_options *o, int every,
         if (st == KVT_OK) st = kvt_step(e_off, &s_off, toks, pos + 1, logits);
         double ms_off = 1e3 * kvt_since(t0);
         if (st != KVT_OK) break;
-        printf("%8d %16.3f %16.3f\n", pos, ms_on, ms_off);
-        if (csv) fprintf(csv, "%d,%.4f,%.4f\n", pos, ms_on, ms_off);
+        printf("%8d %16.1f %16.1f %8.1f\n", pos, 1e3 * ms_on, 1e3 * ms_off, ms_off / ms_on);
+        if (csv) fprintf(csv, "%d,%.6f,%.6f,%.2f\n", pos, ms_on, ms_off, ms_off / ms_on);
     }
     free(toks);
     free(logits);
