@@ -3916,7 +3916,7 @@ int main(int argc, char **argv) {
     if (a.bench) {
         FILE *csv = NULL;
         kvt_blas_note();
-        if (a.csv && !(csv = fopen(a.csv, "w"))) kvt_fail(KVT_EIO, "--csv: cannot write '%s'", a.csv);
+        if (a.csv && !(csv = fopen(a.csv, "w"))) kvt_fail(KVT_EIO, "--csv: cannot write '%s': %s", a.csv, strerror(errno));
         else if (!strcmp(a.bench, "decode")) st = bench_decode(&m, &a.o, csv);
         else if (!strcmp(a.bench, "positions")) st = bench_positions(&m, &a.o, a.bench_every, csv);
         else if (!strcmp(a.bench, "attention")) st = bench_attention(&m, &a.o, a.bench_ctx, csv); /* 0: fitted */

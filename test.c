@@ -1412,6 +1412,8 @@ static void test_hardening(void) {
     cli_expect("-m /tmp", 0, "cannot read checkpoint '/tmp': it is a directory");
     cli_expect("-m /nonexistent/x.bin", 0, "No such file or directory");
     cli_expect("-z /tmp", 0, "cannot read tokenizer '/tmp': it is a directory");
+    cli_expect("--random 32,1,4,2,64,50,32 --bench attention --csv /nonexistent/x.csv", 0,
+               "--csv: cannot write '/nonexistent/x.csv': No such file or directory");
     KVT_ASSERT(kvt_model_random(&m, cfg(16, 1, 2, 2, 32, 1, 8), 3) == KVT_OK);
     KVT_ASSERT(write_checkpoint("/tmp/kvt_test_v1.bin", &m, 0, 0));
     kvt_model_free(&m);
