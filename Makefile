@@ -4,7 +4,8 @@
 #   make test       build and run the test suite (./test_kvt)
 #   make test-asan  the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-valgrind   memcheck on a short generation
-#   make bench      speed figures of this machine (tables; CSV and plots in bench/)
+#   make bench      speed figures of this machine (tables; CSV and plots in bench/out/)
+#   make bench-save copy them over the reference figures in bench/ (tracked, used by README.md)
 #   make bench-targets  the CPU speed table of README.md (medians of 3 runs, ~20 min)
 #   make ppl CORPUS=file   perplexity of the default model per cache type
 #   make debug      -O0 -g build (-G for device code) for gdb / cuda-gdb
@@ -73,7 +74,7 @@ endif
 # Barriers of the emulated kernels are far cheaper when idle threads sleep.
 export OMP_WAIT_POLICY ?= passive
 
-.PHONY: ppl all run test test-asan test-valgrind bench bench-targets plots debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
+.PHONY: ppl all run test test-asan test-valgrind bench bench-save bench-targets plots debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
 
 all: deps kvt
 
@@ -123,29 +124,39 @@ test-valgrind: deps
 	@echo "[make] valgrind: no errors, no definitely lost bytes"
 
 # The measurements in README.md, on this machine: tables on stdout, CSV and PNG
-# plots in bench/ (gnuplot is installed like OpenBLAS when it is missing).
+# plots in bench/out/ (gnuplot is installed like OpenBLAS when it is missing).
 B15 = --random 288,6,6,6,768,32000,1024
 B110 = --random 768,12,12,12,2048,32000,1024
 B110L = --random 768,12,12,12,2048,32000,4096
+BENCH_OUT ?= bench/out
 bench: deps kvt
-	@mkdir -p bench
-	./kvt $(B110) --bench decode --csv bench/decode_110m.csv
-	./kvt $(B110) --bench matmul --csv bench/matmul_110m.csv
-	./kvt $(B110) --bench context --bench-ctx 960 --bench-batch 1 --csv bench/context_b1_960.csv
-	./kvt $(B110) --bench context --bench-ctx 960 --bench-batch 16 --csv bench/context_b16_960.csv
-	./kvt $(B110L) --bench context --bench-ctx 4000 --bench-batch 4 --csv bench/context_b4_4000.csv
+	@mkdir -p $(BENCH_OUT)
+	./kvt $(B110) --bench decode --csv $(BENCH_OUT)/decode_110m.csv
+	./kvt $(B110) --bench matmul --csv $(BENCH_OUT)/matmul_110m.csv
+	./kvt $(B110) --bench context --bench-ctx 960 --bench-batch 1 --csv $(BENCH_OUT)/context_b1_960.csv
+	./kvt $(B110) --bench context --bench-ctx 960 --bench-batch 16 --csv $(BENCH_OUT)/context_b16_960.csv
+	./kvt $(B110L) --bench context --bench-ctx 4000 --bench-batch 4 --csv $(BENCH_OUT)/context_b4_4000.csv
 	for t in 250 1000 2000; do ./kvt $(B110L) --bench context --bench-ctx $$t --bench-batch 4 \
-	  --csv bench/context_b4_$$t.csv || exit 1; done
-	(head -1 bench/context_b4_250.csv; for d in fp32 fp16 int8; do for t in 250 1000 2000 4000; do \
-	  grep "^$$d," bench/context_b4_$$t.csv; done; done) > bench/context_curve.csv
+	  --csv $(BENCH_OUT)/context_b4_$$t.csv || exit 1; done
+	(head -1 $(BENCH_OUT)/context_b4_250.csv; for d in fp32 fp16 int8; do for t in 250 1000 2000 4000; do \
+	  grep "^$$d," $(BENCH_OUT)/context_b4_$$t.csv; done; done) > $(BENCH_OUT)/context_curve.csv
 	for dt in fp32 fp16 int8; do \
-	  ./kvt $(B15) --bench positions --bench-every 64 --kv-dtype $$dt --csv bench/positions_$$dt.csv || exit 1; done
-	./kvt $(B15) --bench stages --bench-ctx 1000 --csv bench/stages.csv
-	./kvt $(B15) --bench batch --csv bench/batch.csv
-	./kvt --random 512,1,8,2,1024,100,4096 --bench attention --bench-ctx 4096 --csv bench/attention_4096.csv
-	./kvt $(B15) --prompt-tokens 400 --fork 8 -n 100 --chunk 16 --stats -t 0.8 2>&1 >/dev/null | grep stats | tee bench/fork8.txt
-	./kvt $(B15) --prompt-tokens 400 --fork 8 -n 100 --chunk 16 --stats -t 0.8 --fork-share off 2>&1 >/dev/null | grep stats | tee bench/fork8_independent.txt
+	  ./kvt $(B15) --bench positions --bench-every 64 --kv-dtype $$dt --csv $(BENCH_OUT)/positions_$$dt.csv || exit 1; done
+	./kvt $(B15) --bench stages --bench-ctx 1000 --csv $(BENCH_OUT)/stages.csv
+	./kvt $(B15) --bench batch --csv $(BENCH_OUT)/batch.csv
+	./kvt --random 512,1,8,2,1024,100,4096 --bench attention --bench-ctx 4096 --csv $(BENCH_OUT)/attention_4096.csv
+	./kvt $(B15) --prompt-tokens 400 --fork 8 -n 100 --chunk 16 --stats -t 0.8 2>&1 >/dev/null | grep stats | tee $(BENCH_OUT)/fork8.txt
+	./kvt $(B15) --prompt-tokens 400 --fork 8 -n 100 --chunk 16 --stats -t 0.8 --fork-share off 2>&1 >/dev/null | grep stats | tee $(BENCH_OUT)/fork8_independent.txt
 	@$(MAKE) --no-print-directory plots
+
+# make bench writes this run's tables, CSV and plots to $(BENCH_OUT) (ignored by
+# git), so a student's checkout stays clean. README's figures come from the
+# tracked copies in bench/, which only this deliberate command replaces:
+bench-save:
+	@ls $(BENCH_OUT)/*.csv >/dev/null 2>&1 || { echo "[make] nothing in $(BENCH_OUT): run make bench first"; exit 1; }
+	cp $(BENCH_OUT)/*.csv $(BENCH_OUT)/*.txt bench/
+	-cp $(BENCH_OUT)/*.png bench/ 2>/dev/null
+	@echo "[make] bench/ now holds this machine's figures: update README.md's results to match"
 
 # README's table of the CPU speed targets: each measurement 3 times, medians.
 bench-targets: deps kvt
@@ -158,21 +169,21 @@ plots:
 	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq gnuplot-nox >/dev/null || (apt-get update -qq && apt-get install -y -qq gnuplot-nox >/dev/null); \
 	  elif sudo -n true 2>/dev/null; then sudo apt-get install -y -qq gnuplot-nox >/dev/null; fi; }
 	@command -v gnuplot >/dev/null || { echo "[make] no gnuplot (install gnuplot-nox): no plots"; exit 0; }; \
-	$(GNUPLOT); set output 'bench/positions.png'; set logscale y; set xlabel 'position'; \
+	$(GNUPLOT); set output '$(BENCH_OUT)/positions.png'; set logscale y; set xlabel 'position'; \
 	  set ylabel 'ms per generated token'; set title 'stories15M shape on the CPU: cache off vs on, by cache type'; \
-	  plot 'bench/positions_fp32.csv' using 1:3 skip 1 with linespoints title 'cache off', \
-	  'bench/positions_fp32.csv' using 1:2 skip 1 with linespoints title 'cache on, fp32', \
-	  'bench/positions_fp16.csv' using 1:2 skip 1 with linespoints title 'cache on, fp16', \
-	  'bench/positions_int8.csv' using 1:2 skip 1 with linespoints title 'cache on, int8'" && \
-	$(GNUPLOT); set output 'bench/context.png'; set xlabel 'context (positions cached per sequence)'; \
+	  plot '$(BENCH_OUT)/positions_fp32.csv' using 1:3 skip 1 with linespoints title 'cache off', \
+	  '$(BENCH_OUT)/positions_fp32.csv' using 1:2 skip 1 with linespoints title 'cache on, fp32', \
+	  '$(BENCH_OUT)/positions_fp16.csv' using 1:2 skip 1 with linespoints title 'cache on, fp16', \
+	  '$(BENCH_OUT)/positions_int8.csv' using 1:2 skip 1 with linespoints title 'cache on, int8'" && \
+	$(GNUPLOT); set output '$(BENCH_OUT)/context.png'; set xlabel 'context (positions cached per sequence)'; \
 	  set ylabel 'decode tokens/s (4 sequences)'; set yrange [0:*]; \
 	  set title 'stories110M shape on the CPU, 4 sequences: decode speed by cache type'; \
 	  set key outside right; d = 'fp32 fp16 int8'; \
-	  plot for [i=1:3] 'bench/context_curve.csv' using 3:(strcol(1) eq word(d,i) ? \$$5 : 1/0) skip 1 \
-	  with linespoints linewidth 2 linecolor i title word(d,i), for [i=1:3] 'bench/context_curve.csv' \
+	  plot for [i=1:3] '$(BENCH_OUT)/context_curve.csv' using 3:(strcol(1) eq word(d,i) ? \$$5 : 1/0) skip 1 \
+	  with linespoints linewidth 2 linecolor i title word(d,i), for [i=1:3] '$(BENCH_OUT)/context_curve.csv' \
 	  using 3:(strcol(1) eq word(d,i) ? \$$7 : 1/0) skip 1 with lines dashtype 2 linecolor i \
 	  title word(d,i).' bound'" && \
-	echo "[make] wrote bench/positions.png and bench/context.png"
+	echo "[make] wrote $(BENCH_OUT)/positions.png and $(BENCH_OUT)/context.png"
 
 # Perplexity of the default model per cache type (needs the corpus, e.g.
 # make ppl CORPUS=../shared/data/tinyshakespeare.txt): the held-out last 10%.
@@ -185,11 +196,11 @@ ppl: deps kvt
 
 debug: deps
 ifeq ($(BUILD),nvcc)
-	$(NVCC) -x cu $(GENCODE) -O0 -g -G -Xcompiler -fopenmp $(BLAS_CFLAGS) kvtransformer.cu -o kvt $(LIBS) -lgomp
-	$(NVCC) -x cu $(GENCODE) -O0 -g -G -Xcompiler -fopenmp $(BLAS_CFLAGS) test.c -o test_kvt $(LIBS) -lgomp
+	$(NVCC) -x cu $(GENCODE) -O0 -g -G -Xcompiler -fopenmp $(BLAS_CFLAGS) kvtransformer.cu -o kvt-debug $(LIBS) -lgomp
+	$(NVCC) -x cu $(GENCODE) -O0 -g -G -Xcompiler -fopenmp $(BLAS_CFLAGS) test.c -o test_kvt-debug $(LIBS) -lgomp
 else
-	$(CC) -x c -std=c11 -Wall -Wextra -fopenmp -O0 -g $(BLAS_CFLAGS) kvtransformer.cu -o kvt $(LIBS)
-	$(CC) -x c -std=c11 -Wall -Wextra -fopenmp -O0 -g $(BLAS_CFLAGS) test.c -o test_kvt $(LIBS)
+	$(CC) -x c -std=c11 -Wall -Wextra -fopenmp -O0 -g $(BLAS_CFLAGS) kvtransformer.cu -o kvt-debug $(LIBS)
+	$(CC) -x c -std=c11 -Wall -Wextra -fopenmp -O0 -g $(BLAS_CFLAGS) test.c -o test_kvt-debug $(LIBS)
 endif
 
 # Fuzzing (clang + libFuzzer): FUZZ_SECONDS per target, corpus and crashes in FUZZ_DIR.
@@ -240,4 +251,4 @@ gpu-check:
 	./kvt --random 4096,1,32,32,11008,32000,16384 --bench attention --bench-ctx 16384 --csv bench/gpu_attention_16k.csv
 
 clean:
-	rm -f kvt test_kvt kvt-asan test_kvt-asan kvt-valgrind
+	rm -f kvt test_kvt kvt-asan test_kvt-asan kvt-valgrind kvt-debug test_kvt-debug

@@ -708,7 +708,7 @@ KVT_HD float f16_to_f32(uint16_t h) {
     return b.f;
 }
 
-/* int8, symmetric, one fp32 scale per group of g channels (DESIGN.md):
+/* int8, symmetric, one fp32 scale per group of g channels:
  *   scale = max|x| / 127,  q = clamp(round(x / scale), -127, 127),  x ~ scale * q.
  * Rounding to nearest makes |x - scale*q| <= scale/2. Why per group and not per
  * tensor: one outlier channel would otherwise blow up the scale of everything.
@@ -1461,7 +1461,11 @@ static void kv_write_gpu(kvt_kv kv, const float *k, const float *v, int l, int n
  * kh = h / (NH/NKV) (grouped-query attention: NH/NKV query heads share one K/V):
  *   s[t] = q . K[t] / sqrt(HS) for t <= p,   s[t] = -inf for p < t < row_len[r]
  *   a = softmax(s),   out = sum_t a[t] V[t]
- * PyTorch: F.scaled_dot_product_attention(q, k, v, is_causal=True). Vaswani 2017.
+ * PyTorch: F.scaled_dot_product_attention(q, k, v, is_causal=True) only when
+ * queries and keys are the same positions (a prefill from 0): PyTorch's causal
+ * mask is aligned top-left, so one decode query at position p would see key 0
+ * only. Here the mask compares positions (t <= p), which is right for both;
+ * in PyTorch a decode step passes no mask at all. Vaswani 2017.
  * The naive form materializes the score row s (scores: (n, NH, TMAX)): simple,
  * and the reference for the fused form. Why -inf and not a large negative
  * number: exp(-inf) is exactly 0, so a masked position gets exactly no weight.
@@ -2902,11 +2906,9 @@ static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
     return st;
 }
 
-/* ms per generated token against position, cache on vs off. With the cache a
- * step does a fixed amount of matmul work plus attention over T positions
- * (flat-ish); without it, a step re-runs all T tokens (linear in T). */
-/* Cost model: with the cache, step T costs the weights once plus attention
- * over T cached positions (O(T), small next to the weights until T is large);
+/* ms per generated token against position, cache on vs off. Cost model: with
+ * the cache, step T costs the weights once plus attention over T cached
+ * positions (O(T), small next to the weights until T is large);
  * without it, step T re-runs T tokens through every layer (O(T) matmul rows
  * plus O(T^2) attention). Summed over a whole generation: O(T) vs O(T^2).
  * The row of position p: with the cache, positions 0 .. p-1 are filled and
@@ -2937,8 +2939,8 @@ static kvt_status bench_positions(kvt_model *m, const kvt_options *o, int every,
     int *toks = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
     float *logits = (float *)kvt_malloc((size_t)V * sizeof(float));
     kvt_fake_tokens(toks, TMAX, V);
-    printf("%8s %16s %16s\n", "position", "cache on ms/tok", "cache off ms/tok");
-    if (csv) fprintf(csv, "position,cache_on_ms,cache_off_ms\n");
+    printf("%8s %16s %16s %8s\n", "position", "cache on us/tok", "cache off us/tok", "off/on");
+    if (csv) fprintf(csv, "position,cache_on_ms,cache_off_ms,off_over_on\n");
     for (int pos = every; pos + reps <= TMAX && st == KVT_OK; pos += every) {
         /* cache on: fill positions 0..pos-1, time `reps` single-token steps */
         kvt_seq_reset(e_on, &s_on);
@@ -2951,8 +2953,8 @@ static kvt_status bench_positions(kvt_model *m, const kvt_options *o, int every,
         if (st == KVT_OK) st = kvt_step(e_off, &s_off, toks, pos + 1, logits);
         double ms_off = 1e3 * kvt_since(t0);
         if (st != KVT_OK) break;
-        printf("%8d %16.3f %16.3f\n", pos, ms_on, ms_off);
-        if (csv) fprintf(csv, "%d,%.4f,%.4f\n", pos, ms_on, ms_off);
+        printf("%8d %16.1f %16.1f %8.1f\n", pos, 1e3 * ms_on, 1e3 * ms_off, ms_off / ms_on);
+        if (csv) fprintf(csv, "%d,%.6f,%.6f,%.2f\n", pos, ms_on, ms_off, ms_off / ms_on);
     }
     free(toks);
     free(logits);
@@ -3358,6 +3360,14 @@ static void usage(FILE *f) {
         "  --bench-every N         --bench positions: step between positions (default 64)\n"
         "  --csv FILE              --bench: also write the table as CSV\n"
         "  -h, --help              this text\n");
+    /* Which binary this is: make debug's -O0 build (./kvt-debug, for gdb) runs
+     * 10-20x slower, so make test checks that it is testing an optimized one. */
+#ifdef __OPTIMIZE__
+    const char *opt = "an optimized build";
+#else
+    const char *opt = "an unoptimized -O0 build, for gdb";
+#endif
+    fprintf(f, "this kvt: %s, %s\n", KVT_EMULATED ? "C (CUDA kernels emulated)" : "CUDA", opt);
 }
 
 /* Parse an int/float flag value with its allowed range; 0 on error (message set). */
@@ -3906,7 +3916,7 @@ int main(int argc, char **argv) {
     if (a.bench) {
         FILE *csv = NULL;
         kvt_blas_note();
-        if (a.csv && !(csv = fopen(a.csv, "w"))) kvt_fail(KVT_EIO, "--csv: cannot write '%s'", a.csv);
+        if (a.csv && !(csv = fopen(a.csv, "w"))) kvt_fail(KVT_EIO, "--csv: cannot write '%s': %s", a.csv, strerror(errno));
         else if (!strcmp(a.bench, "decode")) st = bench_decode(&m, &a.o, csv);
         else if (!strcmp(a.bench, "positions")) st = bench_positions(&m, &a.o, a.bench_every, csv);
         else if (!strcmp(a.bench, "attention")) st = bench_attention(&m, &a.o, a.bench_ctx, csv); /* 0: fitted */

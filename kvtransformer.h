@@ -158,7 +158,7 @@ typedef struct {
     int max_seqs;     /* sequences that may be live at once (default 1) */
     kvt_dtype kv_dtype;
     int kv_group;     /* G for int8 (must divide HS) */
-    int split_len;    /* fused GPU attention: positions per split; 0 = automatic, -1 = never */
+    int split_len;    /* fused attention (CPU and GPU): positions per split; 0 = automatic, -1 = never */
     int max_rows;     /* most rows per forward call (longer prefills are cut) */
     int prefix_reuse; /* 1: a new sequence reuses full chunks of a live one with the same prefix */
 } kvt_options;

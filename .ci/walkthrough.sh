@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the gdb sessions of README.md ("Stepping through it in gdb") exactly as
-# written, in gdb's batch mode, against the -O0 -g build (make debug). Each
+# written, in gdb's batch mode, against the -O0 -g build (make debug: ./kvt-debug). Each
 # session is a "<!-- gdb-session: ARGS -->" line followed by a ```gdb block.
 # Fails if gdb reports an error in any command, or if the cache on / cache off
 # sessions print different logits.
@@ -23,11 +23,11 @@ done < README.md
 fail=0
 for i in $(seq 1 $n); do
   # shellcheck disable=SC2046
-  OMP_WAIT_POLICY=passive timeout 120 gdb -q -batch -x "$tmp/$i.gdb" --args ./kvt $(cat "$tmp/$i.args") > "$tmp/$i.out" 2>&1
+  OMP_WAIT_POLICY=passive timeout 120 gdb -q -batch -x "$tmp/$i.gdb" --args ./kvt-debug $(cat "$tmp/$i.args") > "$tmp/$i.out" 2>&1
   if grep -q "Error in sourced command file" "$tmp/$i.out" || ! grep -q '^\$1 = ' "$tmp/$i.out"; then
-    echo "FAIL walkthrough session $i (./kvt $(cat "$tmp/$i.args")):"; grep -v "New Thread\|exited\]" "$tmp/$i.out" | tail -15; fail=1
+    echo "FAIL walkthrough session $i (./kvt-debug $(cat "$tmp/$i.args")):"; grep -v "New Thread\|exited\]" "$tmp/$i.out" | tail -15; fail=1
   else
-    echo "PASS walkthrough session $i: $(grep -c '^\$[0-9]* = ' "$tmp/$i.out") values printed (./kvt $(cat "$tmp/$i.args"))"
+    echo "PASS walkthrough session $i: $(grep -c '^\$[0-9]* = ' "$tmp/$i.out") values printed (./kvt-debug $(cat "$tmp/$i.args"))"
   fi
 done
 # sessions 1 and 2 end by printing the logits of the same step with and without the cache
