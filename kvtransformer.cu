@@ -34,6 +34,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -3425,10 +3426,13 @@ static int arg_random(const char *s, kvt_config *r) {
     }
     return 1;
 }
-static int arg_choice(const char *flag, const char *s, const char *const *names, int n, int *out) {
-    for (int i = 0; i < n; i++) if (!strcmp(s, names[i])) { *out = i; return 1; }
+static int arg_choice(const char *flag, const char *s, const char *const *names, int *out) {
     char list[128] = "";
-    for (int i = 0; i < n; i++) { strcat(list, i ? "|" : ""); strcat(list, names[i]); }
+    for (int i = 0; names[i]; i++) {
+        if (!strcmp(s, names[i])) { *out = i; return 1; }
+        strcat(list, i ? "|" : "");
+        strcat(list, names[i]);
+    }
     kvt_fail(KVT_EARG, "%s '%s': expected one of %s", flag, s, list);
     return 0;
 }
@@ -3437,78 +3441,107 @@ typedef struct {
     int argc;      /* the command line, for cli_gave */
     char **argv;
     const char *model, *tokenizer, *prompt, *ppl, *bench, *csv, *prompts;
-    int random, steps, stats, check, group_set, bench_every, bench_ctx, bench_batch, fork, prompt_tokens, fork_share;
+    int random, steps, stats, check, bench_every, bench_ctx, bench_batch, fork, prompt_tokens, fork_share;
     kvt_config rc;
     double temperature, topp, ppl_from;
     long seed;
     kvt_options o;
 } kvt_cli;
 
-/* Flags with a value are listed in `valued`, so an unknown flag is reported as
- * unknown (and not as "missing its value") wherever it stands. Returns 1 when
- * all flags are good, 2 for --help, 0 on an error (message set). Nothing is
- * allocated and nothing exits here (the command-line fuzz target calls it). */
+/* Every flag, once: its names, how its value is read, and the field of
+ * kvt_cli it goes to (offsetof). parse_args and cli_gave both read this table,
+ * so a new flag is one line here (and one in usage). */
+enum { ARG_FLAG, ARG_STR, ARG_INT, ARG_LONG, ARG_FLOAT, ARG_CHOICE, ARG_NAME, ARG_RANDOM };
+typedef struct {
+    const char *name, *alt;   /* "-n", "--steps" (alt may be NULL) */
+    int kind;                 /* FLAG: no value, sets 1; CHOICE: the index of the name; NAME: the name itself */
+    size_t at;                /* offsetof(kvt_cli, the field) */
+    double lo, hi;            /* INT, LONG, FLOAT: the allowed range */
+    const char *const *names; /* CHOICE, NAME: the allowed values, NULL-terminated */
+} cli_flag;
+static const char *const arg_onoff[] = {"off", "on", NULL}, *const arg_dtypes[] = {"fp32", "fp16", "int8", NULL},
+                         *const arg_attns[] = {"naive", "fused", NULL}, *const arg_devs[] = {"cpu", "gpu", NULL},
+                         *const arg_benches[] = {"decode", "positions", "batch", "attention", "stages", "context",
+                                                 "matmul", NULL};
+#define AT(field) offsetof(kvt_cli, field)
+static const cli_flag cli_flags[] = {
+    {"-m", "--model", ARG_STR, AT(model), 0, 0, NULL},
+    {"-z", "--tokenizer", ARG_STR, AT(tokenizer), 0, 0, NULL},
+    {"--random", NULL, ARG_RANDOM, AT(rc), 0, 0, NULL},
+    {"-i", "--prompt", ARG_STR, AT(prompt), 0, 0, NULL},
+    {"--prompt-tokens", NULL, ARG_INT, AT(prompt_tokens), 1, KVT_LIMIT_SEQ, NULL},
+    {"--prompts", NULL, ARG_STR, AT(prompts), 0, 0, NULL},
+    {"--fork", NULL, ARG_INT, AT(fork), 1, KVT_MAX_SEQS, NULL},
+    {"--fork-share", NULL, ARG_CHOICE, AT(fork_share), 0, 0, arg_onoff},
+    {"--prefix-cache", NULL, ARG_CHOICE, AT(o.prefix_reuse), 0, 0, arg_onoff},
+    {"-n", "--steps", ARG_INT, AT(steps), 0, KVT_LIMIT_SEQ, NULL},
+    {"-t", "--temperature", ARG_FLOAT, AT(temperature), 0, 100, NULL},
+    {"-p", "--topp", ARG_FLOAT, AT(topp), 1e-6, 1, NULL},
+    {"-s", "--seed", ARG_LONG, AT(seed), 0, INT_MAX, NULL},
+    {"--kv-cache", NULL, ARG_CHOICE, AT(o.kv_cache), 0, 0, arg_onoff},
+    {"--chunk", NULL, ARG_INT, AT(o.CH), 1, KVT_LIMIT_SEQ, NULL},
+    {"--chunks", NULL, ARG_INT, AT(o.n_chunks), 1, KVT_LIMIT_CHUNKS, NULL},
+    {"--kv-dtype", NULL, ARG_CHOICE, AT(o.kv_dtype), 0, 0, arg_dtypes},
+    {"--kv-group", NULL, ARG_INT, AT(o.kv_group), 1, KVT_MAX_HS, NULL},
+    {"--attn", NULL, ARG_CHOICE, AT(o.attn), 0, 0, arg_attns},
+    {"--split", NULL, ARG_INT, AT(o.split_len), -1, KVT_LIMIT_SEQ, NULL},
+    {"--device", NULL, ARG_CHOICE, AT(o.device), 0, 0, arg_devs},
+    {"--stats", NULL, ARG_FLAG, AT(stats), 0, 0, NULL},
+    {"--check", NULL, ARG_FLAG, AT(check), 0, 0, NULL},
+    {"--ppl", NULL, ARG_STR, AT(ppl), 0, 0, NULL},
+    {"--ppl-from", NULL, ARG_FLOAT, AT(ppl_from), 0, 1, NULL},
+    {"--bench", NULL, ARG_NAME, AT(bench), 0, 0, arg_benches},
+    {"--bench-ctx", NULL, ARG_INT, AT(bench_ctx), 1, KVT_LIMIT_SEQ, NULL},
+    {"--bench-batch", NULL, ARG_INT, AT(bench_batch), 1, 256, NULL},
+    {"--bench-every", NULL, ARG_INT, AT(bench_every), 1, KVT_LIMIT_SEQ, NULL},
+    {"--csv", NULL, ARG_STR, AT(csv), 0, 0, NULL},
+};
+#undef AT
+static const cli_flag *cli_flag_of(const char *name) {
+    for (size_t k = 0; k < sizeof(cli_flags) / sizeof(cli_flags[0]); k++)
+        if (!strcmp(name, cli_flags[k].name) || (cli_flags[k].alt && !strcmp(name, cli_flags[k].alt))) return &cli_flags[k];
+    return NULL;
+}
+
+/* Returns 1 when all flags are good, 2 for --help, 0 on an error (message
+ * set). A flag not in the table is reported as unknown wherever it stands.
+ * Nothing is allocated and nothing exits here (the command-line fuzz target
+ * calls it). Enum fields (kv_dtype, attn, device) are stored as int. */
 static int parse_args(kvt_cli *a, int argc, char **argv) {
-    static const char *const onoff[] = {"off", "on"}, *const dtypes[] = {"fp32", "fp16", "int8"},
-                             *const attns[] = {"naive", "fused"}, *const devs[] = {"cpu", "gpu"},
-                             *const benches[] = {"decode", "positions", "batch", "attention", "stages", "context", "matmul"};
-    long v;
-    int c;
     a->argc = argc;
     a->argv = argv;
     for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
+        const char *f = argv[i], *s;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) return 2;
-        if (!strcmp(f, "--stats")) { a->stats = 1; continue; }
-        if (!strcmp(f, "--check")) { a->check = 1; continue; }
-        static const char *const valued[] = {"-m", "--model", "-z", "--tokenizer", "-i", "--prompt", "--ppl", "--csv",
-            "--random", "-n", "--steps", "-t", "--temperature", "-p", "--topp", "-s", "--seed", "--kv-cache", "--chunk",
-            "--chunks", "--kv-dtype", "--kv-group", "--attn", "--split", "--device", "--ppl-from", "--bench",
-            "--bench-every", "--prompts", "--fork", "--prompt-tokens", "--prefix-cache", "--bench-ctx", "--fork-share",
-            "--bench-batch"};
-        int known = 0;
-        for (size_t k = 0; k < sizeof(valued) / sizeof(valued[0]); k++) known |= !strcmp(f, valued[k]);
-        if (!known) { kvt_fail(KVT_EARG, "unknown flag '%s' (see --help)", f); return 0; }
+        const cli_flag *fl = cli_flag_of(f);
+        if (!fl) { kvt_fail(KVT_EARG, "unknown flag '%s' (see --help)", f); return 0; }
+        char *field = (char *)a + fl->at;
+        long v;
+        int c;
+        if (fl->kind == ARG_FLAG) { *(int *)field = 1; continue; }
         if (i + 1 >= argc) { kvt_fail(KVT_EARG, "%s needs a value", f); return 0; }
-        const char *s = argv[++i];
-        if (!strcmp(f, "-m") || !strcmp(f, "--model")) a->model = s;
-        else if (!strcmp(f, "-z") || !strcmp(f, "--tokenizer")) a->tokenizer = s;
-        else if (!strcmp(f, "-i") || !strcmp(f, "--prompt")) a->prompt = s;
-        else if (!strcmp(f, "--ppl")) a->ppl = s;
-        else if (!strcmp(f, "--csv")) a->csv = s;
-        else if (!strcmp(f, "--prompts")) a->prompts = s;
-        else if (!strcmp(f, "--fork")) { if (!arg_long(f, s, 1, KVT_MAX_SEQS, &v)) return 0; a->fork = (int)v; }
-        else if (!strcmp(f, "--prompt-tokens")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->prompt_tokens = (int)v; }
-        else if (!strcmp(f, "--prefix-cache")) { if (!arg_choice(f, s, onoff, 2, &a->o.prefix_reuse)) return 0; }
-        else if (!strcmp(f, "--random")) { if (!arg_random(s, &a->rc)) return 0; a->random = 1; }
-        else if (!strcmp(f, "-n") || !strcmp(f, "--steps")) { if (!arg_long(f, s, 0, KVT_LIMIT_SEQ, &v)) return 0; a->steps = (int)v; }
-        else if (!strcmp(f, "-t") || !strcmp(f, "--temperature")) { if (!arg_float(f, s, 0, 100, &a->temperature)) return 0; }
-        else if (!strcmp(f, "-p") || !strcmp(f, "--topp")) { if (!arg_float(f, s, 1e-6, 1, &a->topp)) return 0; }
-        else if (!strcmp(f, "-s") || !strcmp(f, "--seed")) { if (!arg_long(f, s, 0, 2147483647L, &a->seed)) return 0; }
-        else if (!strcmp(f, "--kv-cache")) { if (!arg_choice(f, s, onoff, 2, &a->o.kv_cache)) return 0; }
-        else if (!strcmp(f, "--chunk")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->o.CH = (int)v; }
-        else if (!strcmp(f, "--chunks")) { if (!arg_long(f, s, 1, KVT_LIMIT_CHUNKS, &v)) return 0; a->o.n_chunks = (int)v; }
-        else if (!strcmp(f, "--kv-dtype")) { if (!arg_choice(f, s, dtypes, 3, &c)) return 0; a->o.kv_dtype = (kvt_dtype)c; }
-        else if (!strcmp(f, "--kv-group")) { if (!arg_long(f, s, 1, KVT_MAX_HS, &v)) return 0; a->o.kv_group = (int)v; a->group_set = 1; }
-        else if (!strcmp(f, "--attn")) { if (!arg_choice(f, s, attns, 2, &c)) return 0; a->o.attn = (kvt_attn)c; }
-        else if (!strcmp(f, "--split")) { if (!arg_long(f, s, -1, KVT_LIMIT_SEQ, &v)) return 0; a->o.split_len = (int)v; }
-        else if (!strcmp(f, "--device")) { if (!arg_choice(f, s, devs, 2, &c)) return 0; a->o.device = (kvt_device)c; }
-        else if (!strcmp(f, "--ppl-from")) { if (!arg_float(f, s, 0, 1, &a->ppl_from)) return 0; }
-        else if (!strcmp(f, "--bench")) { if (!arg_choice(f, s, benches, 7, &c)) return 0; a->bench = benches[c]; }
-        else if (!strcmp(f, "--fork-share")) { if (!arg_choice(f, s, onoff, 2, &a->fork_share)) return 0; }
-        else if (!strcmp(f, "--bench-ctx")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->bench_ctx = (int)v; }
-        else if (!strcmp(f, "--bench-batch")) { if (!arg_long(f, s, 1, 256, &v)) return 0; a->bench_batch = (int)v; }
-        else if (!strcmp(f, "--bench-every")) { if (!arg_long(f, s, 1, KVT_LIMIT_SEQ, &v)) return 0; a->bench_every = (int)v; }
+        s = argv[++i];
+        switch (fl->kind) {
+        case ARG_STR: *(const char **)field = s; break;
+        case ARG_INT: if (!arg_long(f, s, (long)fl->lo, (long)fl->hi, &v)) return 0; *(int *)field = (int)v; break;
+        case ARG_LONG: if (!arg_long(f, s, (long)fl->lo, (long)fl->hi, (long *)field)) return 0; break;
+        case ARG_FLOAT: if (!arg_float(f, s, fl->lo, fl->hi, (double *)field)) return 0; break;
+        case ARG_CHOICE: if (!arg_choice(f, s, fl->names, &c)) return 0; *(int *)field = c; break;
+        case ARG_NAME: if (!arg_choice(f, s, fl->names, &c)) return 0; *(const char **)field = fl->names[c]; break;
+        default: if (!arg_random(s, (kvt_config *)field)) return 0; a->random = 1; break; /* ARG_RANDOM */
+        }
     }
     return 1;
 }
 
-/* Did the user give this flag (or its other spelling alt, may be NULL)? Only
- * flag positions count, not values ("-i --chunk" is a prompt). */
-static int cli_gave(const kvt_cli *a, const char *flag, const char *alt) {
+/* Did the user give this flag (under either of its names)? Only flag
+ * positions count, not values ("-i --chunk" is a prompt). */
+static int cli_gave(const kvt_cli *a, const char *name) {
+    const cli_flag *want = cli_flag_of(name);
     for (int i = 1; i < a->argc; i++) {
-        if (!strcmp(a->argv[i], flag) || (alt && !strcmp(a->argv[i], alt))) return 1;
-        if (strcmp(a->argv[i], "--stats") && strcmp(a->argv[i], "--check")) i++; /* skip the flag's value */
+        const cli_flag *fl = cli_flag_of(a->argv[i]);
+        if (fl && fl == want) return 1;
+        if (fl && fl->kind != ARG_FLAG) i++; /* skip its value */
     }
     return 0;
 }
@@ -3520,7 +3553,7 @@ static int cli_gave(const kvt_cli *a, const char *flag, const char *alt) {
  * command-line fuzz target runs it. Returns 1 when the flags can run. */
 static int cli_check(kvt_cli *a, const kvt_config *c) {
     int TMAX = c->seq_len, HS = c->dim / c->n_heads;
-    int gave_prompt = cli_gave(a, "-i", "--prompt"), fork = a->fork > 0;
+    int gave_prompt = cli_gave(a, "-i"), fork = a->fork > 0;
     struct { int bad; const char *why; } rules[] = {
         {fork && a->prompts, "--fork continues one prompt and --prompts gives several: use one of them"},
         {gave_prompt && a->prompts, "-i/--prompt and --prompts both give the prompt: use one of them"},
@@ -3529,22 +3562,22 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
          "--bench is a run of its own: drop --ppl, --prompts, --fork and --check"},
         {a->ppl && a->check, "--check compares a decoding run: drop --ppl"},
         {gave_prompt && a->random, "-i needs a tokenizer: a --random model takes --prompt-tokens N"},
-        {cli_gave(a, "--prompt-tokens", NULL) && !a->random, "--prompt-tokens is for --random models: give text with -i"},
+        {cli_gave(a, "--prompt-tokens") && !a->random, "--prompt-tokens is for --random models: give text with -i"},
         {a->csv && !a->bench, "--csv writes the table of a --bench run: add --bench"},
-        {a->group_set && a->o.kv_dtype != KVT_INT8 && !a->bench,
+        {cli_gave(a, "--kv-group") && a->o.kv_dtype != KVT_INT8 && !a->bench,
          "--kv-group sets the channels per scale of an int8 cache: add --kv-dtype int8"},
-        {cli_gave(a, "--split", NULL) && a->o.attn == KVT_ATTN_NAIVE, "--split divides the fused attention: drop it "
+        {cli_gave(a, "--split") && a->o.attn == KVT_ATTN_NAIVE, "--split divides the fused attention: drop it "
          "or use --attn fused"},
-        {cli_gave(a, "--ppl-from", NULL) && !a->ppl, "--ppl-from needs --ppl"},
-        {(cli_gave(a, "--bench-ctx", NULL) || cli_gave(a, "--bench-batch", NULL) || cli_gave(a, "--bench-every", NULL))
+        {cli_gave(a, "--ppl-from") && !a->ppl, "--ppl-from needs --ppl"},
+        {(cli_gave(a, "--bench-ctx") || cli_gave(a, "--bench-batch") || cli_gave(a, "--bench-every"))
          && !a->bench, "--bench-ctx, --bench-batch and --bench-every need --bench"},
-        {cli_gave(a, "--fork-share", NULL) && a->fork < 2, "--fork-share needs --fork N with N >= 2"},
+        {cli_gave(a, "--fork-share") && a->fork < 2, "--fork-share needs --fork N with N >= 2"},
     };
     for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
         if (rules[i].bad) { kvt_fail(KVT_EARG, "%s", rules[i].why); return 0; }
-    if (!cli_gave(a, "--chunk", NULL) && a->o.CH > TMAX) a->o.CH = TMAX; /* the default 16, for TMAX < 16 */
-    if (!cli_gave(a, "--prompt-tokens", NULL)) a->prompt_tokens = TMAX / 2 < 8 ? (TMAX / 2 > 1 ? TMAX / 2 : 1) : 8;
-    if (!a->group_set) { /* the default G: 32, else 16 (the CPU's loops take 16 channels of one */
+    if (!cli_gave(a, "--chunk") && a->o.CH > TMAX) a->o.CH = TMAX; /* the default 16, for TMAX < 16 */
+    if (!cli_gave(a, "--prompt-tokens")) a->prompt_tokens = TMAX / 2 < 8 ? (TMAX / 2 > 1 ? TMAX / 2 : 1) : 8;
+    if (!cli_gave(a, "--kv-group")) { /* the default G: 32, else 16 (the CPU's loops take 16 channels of one */
         a->o.kv_group = HS % 32 == 0 ? 32 : 16; /* scale at a time, §10), else HS's largest divisor below 32 */
         if (HS % a->o.kv_group) for (a->o.kv_group = 31; HS % a->o.kv_group; a->o.kv_group--) {}
     }

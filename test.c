@@ -2263,7 +2263,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kvt_config c = {64, 128, 2, 4, 2, 100, 64}; /* the model the flags are checked against */
     if (parse_args(&a, argc, argv) == 1 && cli_check(&a, &c) == 1) {
         KVT_ASSERT(a.o.CH >= 1 && a.prompt_tokens >= 1 && a.prompt_tokens <= KVT_LIMIT_SEQ);
-        KVT_ASSERT(a.o.kv_group >= 1 && (a.group_set || (c.dim / c.n_heads) % a.o.kv_group == 0)); /* a given G
+        KVT_ASSERT(a.o.kv_group >= 1 && (cli_gave(&a, "--kv-group") || (c.dim / c.n_heads) % a.o.kv_group == 0)); /* a given G
                                                                   is checked against HS by kvt_engine_create */
         if (a.random) KVT_ASSERT(kvt_config_check(&a.rc) == KVT_OK);
     }
