@@ -7,8 +7,9 @@
  * Usage: ./test_kvt [path to the kvt binary, for the command-line checks]
  * Ends with "N passed, N failed, N skipped"; exits 1 on any failure. */
 #define KVT_NO_MAIN
-#if defined(KVT_FUZZ) && KVT_FUZZ == 4
+#if (defined(KVT_FUZZ) && KVT_FUZZ == 4) || (defined(KVT_EXERCISE) && KVT_EXERCISE == 1)
 #define KVT_CLI /* the command-line parser too (§20), without main */
+#pragma GCC diagnostic ignored "-Wunused-function" /* the runners that only main calls */
 #endif
 #include "kvtransformer.cu"
 
@@ -2016,6 +2017,42 @@ static void exercise_check(void) {
                 }
             free(K); free(V); free(ref); free(got);
         }
+    /* End to end: the options reach the engine, and the flags the options. A
+     * random model, a prompt of 8 and 40 greedy steps, chunks of 4. */
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 2, 4, 2, 64, 53, 64), 21) == KVT_OK);
+    int V = 53, np = 8, steps = 40, prompt[8], tok[4][48];
+    float *lg[4];
+    kvt_fake_tokens(prompt, np, V);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.CH = 4;
+    for (int run = 0; run < 4; run++) { /* 0: no window; 1: window 6, sinks 2; 2: the same, naive; 3: same, no cache */
+        o.window = run ? 6 : 0;
+        o.sinks = run ? 2 : 0;
+        o.attn = run == 2 ? KVT_ATTN_NAIVE : KVT_ATTN_FUSED;
+        o.kv_cache = run != 3;
+        lg[run] = (float *)kvt_malloc((size_t)steps * V * sizeof(float));
+        KVT_ASSERT(generate(&m, &o, prompt, np, steps, tok[run], lg[run]) == KVT_OK);
+    }
+    float diff = 0.0f, mx = 0.0f;
+    for (int i = 0; i < steps * V; i++) { diff = fmaxf(diff, fabsf(lg[1][i] - lg[0][i])); mx = fmaxf(mx, fabsf(lg[0][i])); }
+    expect(diff > 1e-3f * mx, "exercise 1, engine: window 6 + sinks 2 change the logits of a 48-token run (max change "
+           "%.3g of max |logit| %.3g; unchanged means the options never reach the attention)", diff, mx);
+    tally(kvt_check("exercise 1, engine: window 6 + sinks 2, naive vs fused attention, logits", lg[2], lg[1],
+                    (long)steps * V, "step=40,vocab=53", TOL_E2E, "TOL_E2E"));
+    tally(kvt_check("exercise 1, engine: window 6 + sinks 2, cache off vs on, logits", lg[3], lg[1], (long)steps * V,
+                    "step=40,vocab=53", TOL_E2E, "TOL_E2E"));
+    for (int run = 0; run < 4; run++) free(lg[run]);
+    kvt_model_free(&m);
+    char *argv[] = {(char *)"kvt", (char *)"--window", (char *)"6", (char *)"--sinks", (char *)"2", NULL};
+    kvt_cli a;
+    memset(&a, 0, sizeof(a));
+    kvt_options_default(&a.o);
+    int parsed = parse_args(&a, 5, argv);
+    expect(parsed == 1 && a.o.window == 6 && a.o.sinks == 2, "exercise 1, command line: --window 6 --sinks 2 set the "
+           "options (window %d, sinks %d)", a.o.window, a.o.sinks);
 }
 #elif KVT_EXERCISE == 2 /* evict chunks that left the window */
 static void exercise_check(void) {
