@@ -1930,8 +1930,8 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
         return kvt_fail(KVT_EARG, "--chunk %d is out of range [1, %d] (1 to the model's context TMAX)", o->CH, TMAX);
     if (o->kv_dtype == KVT_INT8 && (o->kv_group < 1 || HS % o->kv_group))
         return kvt_fail(KVT_EARG, "--kv-group %d must divide the head size HS = %d", o->kv_group, HS);
-    if (o->max_seqs < 1 || o->max_seqs > 4096)
-        return kvt_fail(KVT_EARG, "max_seqs %d is out of range [1, 4096]", o->max_seqs);
+    if (o->max_seqs < 1 || o->max_seqs > KVT_MAX_SEQS)
+        return kvt_fail(KVT_EARG, "max_seqs %d is out of range [1, %d]", o->max_seqs, KVT_MAX_SEQS);
     if (o->n_chunks < 0 || o->n_chunks > KVT_LIMIT_CHUNKS)
         return kvt_fail(KVT_EARG, "--chunks %d is out of range [1, %d] (0: enough for every sequence)",
                         o->n_chunks, KVT_LIMIT_CHUNKS);
@@ -3882,10 +3882,13 @@ static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int
     ssize_t got;
     long line = 0;
     int n = 0, cap = 0, bad = 0;
-    while (!bad && (got = getline(&text, &text_cap, f)) != -1) {
+    while (!bad && (got = getline(&text, &text_cap, f)) != -1) { /* bad: an error ended the last line */
         line++;
-        if ((size_t)got != strlen(text)) { kvt_fail(KVT_EARG, "--prompts '%s' line %ld: a NUL byte", path, line); bad = 1; }
-        if (bad) break;
+        if ((size_t)got != strlen(text)) {
+            kvt_fail(KVT_EARG, "--prompts '%s' line %ld: a NUL byte", path, line);
+            bad = 1;
+            break;
+        }
         text[strcspn(text, "\r\n")] = '\0';
         if (!text[0]) continue;
         if (n == KVT_MAX_SEQS) {
