@@ -1364,6 +1364,63 @@ static inline __attribute__((always_inline)) kvt_f32x16 kv_load16_cpu(const void
     if (dtype == KVT_FP16) return f16x16_to_f32((const uint16_t *)data + i);
     return i8x16_to_f32((const int8_t *)data + i);
 }
+/* s[j] = q . (row j) for the nt rows of a tile, four rows at a time: four
+ * independent running sums keep the multiply-add units busy (one row's sum
+ * waits on its own previous add for 4 cycles) and q's 16 values, loaded once,
+ * serve four rows. int8: per group, then one multiply by that row's scale.
+ * For fp32 and fp16 the caller passes G = HS (one group, no scales). Against
+ * one row at a time (kv_row_dot_cpu), with the group-wise weights of
+ * kv_rows_axpy_cpu: attention over 8192 keys on one core 1.18x faster with an
+ * int8 cache, 1.15x with fp16 (medians of 5; fp32 waits on memory either way). */
+static inline __attribute__((always_inline)) void kv_tile_dot16_cpu(const void *data, int dtype, const float *scales,
+                                                                   int HS, int G, const size_t *ki, const size_t *si,
+                                                                   int nt, const float *q, float *s) {
+    int j = 0;
+    for (; j + 4 <= nt; j += 4) {
+        kvt_f32x16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        for (int g = 0; g < HS; g += G) {
+            kvt_f32x16 p0 = {0}, p1 = {0}, p2 = {0}, p3 = {0};
+            for (int c = g; c < g + G; c += 16) {
+                kvt_f32x16 qv = f32x16_load(q + c);
+                p0 += qv * kv_load16_cpu(data, dtype, ki[j] + c);
+                p1 += qv * kv_load16_cpu(data, dtype, ki[j + 1] + c);
+                p2 += qv * kv_load16_cpu(data, dtype, ki[j + 2] + c);
+                p3 += qv * kv_load16_cpu(data, dtype, ki[j + 3] + c);
+            }
+            if (dtype != KVT_INT8) { a0 += p0; a1 += p1; a2 += p2; a3 += p3; continue; }
+            a0 += scales[si[j] + g / G] * p0;
+            a1 += scales[si[j + 1] + g / G] * p1;
+            a2 += scales[si[j + 2] + g / G] * p2;
+            a3 += scales[si[j + 3] + g / G] * p3;
+        }
+        s[j] = f32x16_sum(a0);
+        s[j + 1] = f32x16_sum(a1);
+        s[j + 2] = f32x16_sum(a2);
+        s[j + 3] = f32x16_sum(a3);
+    }
+    for (; j < nt; j++) { /* the last nt % 4 rows */
+        kvt_f32x16 a0 = {0};
+        for (int g = 0; g < HS; g += G) {
+            kvt_f32x16 p0 = {0};
+            for (int c = g; c < g + G; c += 16) p0 += f32x16_load(q + c) * kv_load16_cpu(data, dtype, ki[j] + c);
+            a0 += (dtype == KVT_INT8 ? scales[si[j] + g / G] : 1.0f) * p0;
+        }
+        s[j] = f32x16_sum(a0);
+    }
+}
+/* The scores of a tile: s[j] = q . K row j (rows at ki, int8 scales at si).
+ * When 16 does not divide HS (or G, for int8), one row at a time. */
+static void kv_tile_dot_cpu(const kvt_kv *kv, const size_t *ki, const size_t *si, int nt, const float *q, float *s) {
+    if (kv->HS % 16 || (kv->dtype == KVT_INT8 && kv->G % 16)) {
+        for (int j = 0; j < nt; j++) s[j] = kv_row_dot_cpu(kv, ki[j], si[j], q);
+    } else if (kv->dtype == KVT_FP32) {
+        kv_tile_dot16_cpu(kv->data, KVT_FP32, NULL, kv->HS, kv->HS, ki, si, nt, q, s);
+    } else if (kv->dtype == KVT_FP16) {
+        kv_tile_dot16_cpu(kv->data, KVT_FP16, NULL, kv->HS, kv->HS, ki, si, nt, q, s);
+    } else {
+        kv_tile_dot16_cpu(kv->data, KVT_INT8, kv->scales, kv->HS, kv->G, ki, si, nt, q, s);
+    }
+}
 /* a + sum_j w[j] * (16 values of row j at channel c). Four running sums, so
  * that an add need not wait for the previous one. dtype is a constant at each
  * call site: the compiler makes one copy of the loop per type. */
@@ -1403,7 +1460,8 @@ static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *w
         if (kv->dtype == KVT_FP32) a = kv_axpy16_cpu(a, kv->data, KVT_FP32, wgt, ki, n, c);
         else if (kv->dtype == KVT_FP16) a = kv_axpy16_cpu(a, kv->data, KVT_FP16, wgt, ki, n, c);
         else {
-            for (int j = 0; j < n; j++) w[j] = wgt[j] * kv->scales[si[j] + c / G];
+            if (c % G == 0) /* a new group: the weights times its scales */
+                for (int j = 0; j < n; j++) w[j] = wgt[j] * kv->scales[si[j] + c / G];
             a = kv_axpy16_cpu(a, kv->data, KVT_INT8, w, ki, n, c);
         }
         memcpy(acc + c, &a, sizeof(a));
@@ -1608,10 +1666,10 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
                     const float *qh = q + ((size_t)r * NH + h) * HS;
                     float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
                     float mx = -INFINITY;
-                    for (int j = 0; j < nt; j++) { /* the tile's scores */
-                        s[j] = -INFINITY;
-                        if (t0 + j > kv->row_pos[r]) continue; /* the causal mask */
-                        s[j] = kv_row_dot_cpu(kv, ki[j], ks[j], qh) * scale;
+                    kv_tile_dot_cpu(kv, ki, ks, nt, qh, s); /* the tile's scores */
+                    for (int j = 0; j < nt; j++) {
+                        s[j] *= scale;
+                        if (t0 + j > kv->row_pos[r]) s[j] = -INFINITY; /* the causal mask */
                         mx = s[j] > mx ? s[j] : mx;
                     }
                     if (mx == -INFINITY) continue; /* all of this tile is in the query's future */
