@@ -1,0 +1,731 @@
+/* kvtransformer: §20 command line, the program around the engine.
+ *
+ * Not compiled on its own: kvtransformer.cu includes this file at §20, so
+ * everything defined there is visible here, and `make` builds one program
+ * (./kvt) as before. What is here: the flags (one table, cli_flags[]), the
+ * generation loop with --fork and --prompts (run_single, read_prompts),
+ * perplexity (--ppl), --stats, and main. The engine it drives is in
+ * kvtransformer.cu §15; the benchmarks that --bench runs are in bench/bench.c. */
+
+#if !defined(KVT_NO_MAIN) || defined(KVT_CLI) /* KVT_CLI: test.c's command-line fuzz target */
+/* The command line is a thin layer over the library above: parse and check
+ * every flag (one line naming the flag and its range on error), load the
+ * model and tokenizer, make one engine, then one of four runs:
+ *   --bench ...        a measurement (§19), on a random or loaded model;
+ *   --ppl FILE         teacher-forced perplexity (run_ppl);
+ *   --prompts / --fork several sequences decoded as one batch (run_batch);
+ *   otherwise          one sequence, printed as it is generated (run_single),
+ *                      with --check running a CPU engine beside it. */
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: kvt [options]\n"
+        "  -m, --model PATH        llama2.c checkpoint (default weights/model.bin)\n"
+        "  -z, --tokenizer PATH    llama2.c tokenizer.bin (default weights/tokenizer.bin)\n"
+        "  --random D,L,NH,NKV,HD,V,TMAX  a deterministic random model instead (prints token ids)\n"
+        "  --prompt-tokens N       --random: a prompt of N made-up token ids (default 8, at most TMAX / 2)\n"
+        "  -i, --prompt TEXT       prompt (default \"ROMEO:\")\n"
+        "  --prompts FILE          one prompt per line, all decoded as one batch\n"
+        "  --fork N                N continuations of the prompt (seeds seed, seed+1, ...), sharing its cache\n"
+        "  --fork-share on|off     off: each --fork continuation computes and stores the prompt itself\n"
+        "  --prefix-cache on|off   reuse cached chunks of a live sequence with the same prompt prefix (default on)\n"
+        "  -n, --steps N           tokens to generate (default 256, at most TMAX - prompt)\n"
+        "  -t, --temperature F     0 = greedy (default 0.8); below 1e-6 counts as 0 (greedy)\n"
+        "  -p, --topp F            nucleus sampling threshold in (0, 1] (default 0.9)\n"
+        "  -s, --seed N            sampling seed (default 42)\n"
+        "  --kv-cache on|off       off: every step recomputes the whole sequence (default on)\n"
+        "  --chunk CH              positions per cache chunk, 1..TMAX (default 16, or TMAX if smaller;\n"
+        "                          TMAX = contiguous)\n"
+        "  --chunks N              chunks in the pool (default: enough for every sequence at TMAX)\n"
+        "  --kv-dtype fp32|fp16|int8   cache element type (default fp32)\n"
+        "  --kv-group G            int8: channels per scale, must divide HS (default 32, else 16, else the\n"
+        "                          largest divisor of HS below 32)\n"
+        "  --attn naive|fused      attention implementation (default fused)\n"
+        "  --split N               fused attention: positions per split (0 auto, -1 never)\n"
+        "  --device cpu|gpu        where to run (default gpu when a CUDA device exists)\n"
+        "  --stats                 print cache and timing figures at the end\n"
+        "  --check                 run CPU and GPU side by side; print the logit difference per step\n"
+        "  --ppl FILE              perplexity of a text file (teacher forced, windows of TMAX)\n"
+        "  --ppl-from F            start --ppl at this fraction of the file (e.g. 0.9)\n"
+        "  --bench decode|positions|batch|attention|stages|context|matmul   speed vs the bandwidth bound;\n"
+        "                          ms/token vs position; tokens/s vs batch size; naive vs fused vs split\n"
+        "                          attention; the staged table (no cache -> cache -> fused -> int8 -> batch\n"
+        "                          of 8); B sequences at context T per cache type vs the bound; matmul\n"
+        "                          tiles vs sgemm GFLOP/s by row count\n"
+        "  --bench-ctx T           --bench attention/stages/context: cached positions (default TMAX; TMAX/2,\n"
+        "                          at most TMAX - 8; TMAX - 64, or TMAX - 32 when TMAX <= 64)\n"
+        "  --bench-batch B         --bench context: sequences decoded together (default 1)\n"
+        "  --bench-every N         --bench positions: step between positions (default 64)\n"
+        "  --csv FILE              --bench: also write the table as CSV\n"
+        "  -h, --help              this text\n");
+    /* Which binary this is: make debug's -O0 build (./kvt-debug, for gdb) runs
+     * 10-20x slower, so make test checks that it is testing an optimized one. */
+#ifdef __OPTIMIZE__
+    const char *opt = "an optimized build";
+#else
+    const char *opt = "an unoptimized -O0 build, for gdb";
+#endif
+    fprintf(f, "this kvt: %s, %s\n", KVT_EMULATED ? "C (CUDA kernels emulated)" : "CUDA", opt);
+}
+
+/* Parse an int/float flag value with its allowed range; 0 on error (message set). */
+/* The whole string must be a number (strtol/strtod's `end` must reach the
+ * NUL), so "12abc" or "" is an error, not 12 or 0. */
+static int arg_long(const char *flag, const char *s, long lo, long hi, long *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < lo || v > hi) {
+        kvt_fail(KVT_EARG, "%s '%s': expected an integer in [%ld, %ld]", flag, s, lo, hi);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+static int arg_float(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || !(v >= lo && v <= hi)) {
+        kvt_fail(KVT_EARG, "%s '%s': expected a number in [%g, %g]", flag, s, lo, hi);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+/* --random D,L,NH,NKV,HD,V,TMAX: exactly 7 integers, each in [1, INT_MAX]
+ * (sscanf's %d accepted "64abc", an 8th field, and wrapped 4294967360 to 64).
+ * The sizes are then checked together by kvt_config_check. */
+static int arg_random(const char *s, kvt_config *r) {
+    static const char *const names[7] = {"D", "L", "NH", "NKV", "HD", "V", "TMAX"};
+    int *field[7] = {&r->dim, &r->n_layers, &r->n_heads, &r->n_kv_heads, &r->hidden_dim, &r->vocab_size, &r->seq_len};
+    const char *p = s;
+    for (int i = 0; i < 7; i++) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 1 || v > INT_MAX || *end != (i < 6 ? ',' : '\0')) {
+            char why[64];
+            if (end == p || (*end != ',' && *end != '\0')) snprintf(why, sizeof(why), "field %d (%s) is not an integer", i + 1, names[i]);
+            else if (errno || v < 1 || v > INT_MAX) snprintf(why, sizeof(why), "field %d (%s) is out of range", i + 1, names[i]);
+            else if (*end == ',') snprintf(why, sizeof(why), "more than 7 fields");
+            else snprintf(why, sizeof(why), "only %d fields", i + 1);
+            kvt_fail(KVT_EARG, "--random '%s': expected D,L,NH,NKV,HD,V,TMAX (7 integers in [1, %d]): %s", s, INT_MAX, why);
+            return 0;
+        }
+        *field[i] = (int)v;
+        p = end + 1;
+    }
+    r->vocab_size = -r->vocab_size; /* an unshared classifier (spread-out logits) */
+    if (kvt_config_check(r) != KVT_OK) {
+        char msg[sizeof(kvt_errbuf)];
+        snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
+        kvt_fail(KVT_EARG, "--random: %s", msg);
+        return 0;
+    }
+    return 1;
+}
+static int arg_choice(const char *flag, const char *s, const char *const *names, int *out) {
+    char list[128] = "";
+    for (int i = 0; names[i]; i++) {
+        if (!strcmp(s, names[i])) { *out = i; return 1; }
+        strcat(list, i ? "|" : "");
+        strcat(list, names[i]);
+    }
+    kvt_fail(KVT_EARG, "%s '%s': expected one of %s", flag, s, list);
+    return 0;
+}
+
+typedef struct {
+    int argc;      /* the command line, for cli_gave */
+    char **argv;
+    const char *model, *tokenizer, *prompt, *ppl, *bench, *csv, *prompts;
+    int random, steps, stats, check, bench_every, bench_ctx, bench_batch, fork, prompt_tokens, fork_share;
+    kvt_config rc;
+    double temperature, topp, ppl_from;
+    long seed;
+    kvt_options o;
+} kvt_cli;
+
+/* Every flag, once: its names, how its value is read, and the field of
+ * kvt_cli it goes to (offsetof). parse_args and cli_gave both read this table,
+ * so a new flag is one line here (and one in usage). */
+enum { ARG_FLAG, ARG_STR, ARG_INT, ARG_LONG, ARG_FLOAT, ARG_CHOICE, ARG_NAME, ARG_RANDOM };
+typedef struct {
+    const char *name, *alt;   /* "-n", "--steps" (alt may be NULL) */
+    int kind;                 /* FLAG: no value, sets 1; CHOICE: the index of the name; NAME: the name itself */
+    size_t at;                /* offsetof(kvt_cli, the field) */
+    double lo, hi;            /* INT, LONG, FLOAT: the allowed range */
+    const char *const *names; /* CHOICE, NAME: the allowed values, NULL-terminated */
+} cli_flag;
+static const char *const arg_onoff[] = {"off", "on", NULL}, *const arg_dtypes[] = {"fp32", "fp16", "int8", NULL},
+                         *const arg_attns[] = {"naive", "fused", NULL}, *const arg_devs[] = {"cpu", "gpu", NULL},
+                         *const arg_benches[] = {"decode", "positions", "batch", "attention", "stages", "context",
+                                                 "matmul", NULL};
+#define AT(field) offsetof(kvt_cli, field)
+static const cli_flag cli_flags[] = {
+    {"-m", "--model", ARG_STR, AT(model), 0, 0, NULL},
+    {"-z", "--tokenizer", ARG_STR, AT(tokenizer), 0, 0, NULL},
+    {"--random", NULL, ARG_RANDOM, AT(rc), 0, 0, NULL},
+    {"-i", "--prompt", ARG_STR, AT(prompt), 0, 0, NULL},
+    {"--prompt-tokens", NULL, ARG_INT, AT(prompt_tokens), 1, KVT_LIMIT_SEQ, NULL},
+    {"--prompts", NULL, ARG_STR, AT(prompts), 0, 0, NULL},
+    {"--fork", NULL, ARG_INT, AT(fork), 1, KVT_MAX_SEQS, NULL},
+    {"--fork-share", NULL, ARG_CHOICE, AT(fork_share), 0, 0, arg_onoff},
+    {"--prefix-cache", NULL, ARG_CHOICE, AT(o.prefix_reuse), 0, 0, arg_onoff},
+    {"-n", "--steps", ARG_INT, AT(steps), 0, KVT_LIMIT_SEQ, NULL},
+    {"-t", "--temperature", ARG_FLOAT, AT(temperature), 0, 100, NULL},
+    {"-p", "--topp", ARG_FLOAT, AT(topp), 1e-6, 1, NULL},
+    {"-s", "--seed", ARG_LONG, AT(seed), 0, INT_MAX, NULL},
+    {"--kv-cache", NULL, ARG_CHOICE, AT(o.kv_cache), 0, 0, arg_onoff},
+    {"--chunk", NULL, ARG_INT, AT(o.CH), 1, KVT_LIMIT_SEQ, NULL},
+    {"--chunks", NULL, ARG_INT, AT(o.n_chunks), 1, KVT_LIMIT_CHUNKS, NULL},
+    {"--kv-dtype", NULL, ARG_CHOICE, AT(o.kv_dtype), 0, 0, arg_dtypes},
+    {"--kv-group", NULL, ARG_INT, AT(o.kv_group), 1, KVT_MAX_HS, NULL},
+    {"--attn", NULL, ARG_CHOICE, AT(o.attn), 0, 0, arg_attns},
+    {"--split", NULL, ARG_INT, AT(o.split_len), -1, KVT_LIMIT_SEQ, NULL},
+    {"--device", NULL, ARG_CHOICE, AT(o.device), 0, 0, arg_devs},
+    {"--stats", NULL, ARG_FLAG, AT(stats), 0, 0, NULL},
+    {"--check", NULL, ARG_FLAG, AT(check), 0, 0, NULL},
+    {"--ppl", NULL, ARG_STR, AT(ppl), 0, 0, NULL},
+    {"--ppl-from", NULL, ARG_FLOAT, AT(ppl_from), 0, 1, NULL},
+    {"--bench", NULL, ARG_NAME, AT(bench), 0, 0, arg_benches},
+    {"--bench-ctx", NULL, ARG_INT, AT(bench_ctx), 1, KVT_LIMIT_SEQ, NULL},
+    {"--bench-batch", NULL, ARG_INT, AT(bench_batch), 1, 256, NULL},
+    {"--bench-every", NULL, ARG_INT, AT(bench_every), 1, KVT_LIMIT_SEQ, NULL},
+    {"--csv", NULL, ARG_STR, AT(csv), 0, 0, NULL},
+};
+#undef AT
+static const cli_flag *cli_flag_of(const char *name) {
+    for (size_t k = 0; k < sizeof(cli_flags) / sizeof(cli_flags[0]); k++)
+        if (!strcmp(name, cli_flags[k].name) || (cli_flags[k].alt && !strcmp(name, cli_flags[k].alt))) return &cli_flags[k];
+    return NULL;
+}
+
+/* Returns 1 when all flags are good, 2 for --help, 0 on an error (message
+ * set). A flag not in the table is reported as unknown wherever it stands.
+ * Nothing is allocated and nothing exits here (the command-line fuzz target
+ * calls it). Enum fields (kv_dtype, attn, device) are stored as int. */
+static int parse_args(kvt_cli *a, int argc, char **argv) {
+    a->argc = argc;
+    a->argv = argv;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *s;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) return 2;
+        const cli_flag *fl = cli_flag_of(f);
+        if (!fl) { kvt_fail(KVT_EARG, "unknown flag '%s' (see --help)", f); return 0; }
+        char *field = (char *)a + fl->at;
+        long v;
+        int c;
+        if (fl->kind == ARG_FLAG) { *(int *)field = 1; continue; }
+        if (i + 1 >= argc) { kvt_fail(KVT_EARG, "%s needs a value", f); return 0; }
+        s = argv[++i];
+        switch (fl->kind) {
+        case ARG_STR: *(const char **)field = s; break;
+        case ARG_INT: if (!arg_long(f, s, (long)fl->lo, (long)fl->hi, &v)) return 0; *(int *)field = (int)v; break;
+        case ARG_LONG: if (!arg_long(f, s, (long)fl->lo, (long)fl->hi, (long *)field)) return 0; break;
+        case ARG_FLOAT: if (!arg_float(f, s, fl->lo, fl->hi, (double *)field)) return 0; break;
+        case ARG_CHOICE: if (!arg_choice(f, s, fl->names, &c)) return 0; *(int *)field = c; break;
+        case ARG_NAME: if (!arg_choice(f, s, fl->names, &c)) return 0; *(const char **)field = fl->names[c]; break;
+        default: if (!arg_random(s, (kvt_config *)field)) return 0; a->random = 1; break; /* ARG_RANDOM */
+        }
+    }
+    return 1;
+}
+
+/* Did the user give this flag (under either of its names)? Only flag
+ * positions count, not values ("-i --chunk" is a prompt). */
+static int cli_gave(const kvt_cli *a, const char *name) {
+    const cli_flag *want = cli_flag_of(name);
+    for (int i = 1; i < a->argc; i++) {
+        const cli_flag *fl = cli_flag_of(a->argv[i]);
+        if (fl && fl == want) return 1;
+        if (fl && fl->kind != ARG_FLAG) i++; /* skip its value */
+    }
+    return 0;
+}
+
+/* The checks that need the model's shape (c: TMAX, HS) but nothing else: flag
+ * combinations that would silently ignore a flag, and the defaults fitted to
+ * a small model (a default that does not fit is changed, not reported under
+ * the name of a flag the user never gave). No allocation, no exit: the
+ * command-line fuzz target runs it. Returns 1 when the flags can run. */
+static int cli_check(kvt_cli *a, const kvt_config *c) {
+    int TMAX = c->seq_len, HS = c->dim / c->n_heads;
+    int gave_prompt = cli_gave(a, "-i"), fork = a->fork > 0;
+    struct { int bad; const char *why; } rules[] = {
+        {fork && a->prompts, "--fork continues one prompt and --prompts gives several: use one of them"},
+        {gave_prompt && a->prompts, "-i/--prompt and --prompts both give the prompt: use one of them"},
+        {a->ppl && (a->prompts || fork), "--ppl scores a file: it decodes no --prompts or --fork"},
+        {a->bench && (a->ppl || a->prompts || fork || a->check),
+         "--bench is a run of its own: drop --ppl, --prompts, --fork and --check"},
+        {a->ppl && a->check, "--check compares a decoding run: drop --ppl"},
+        {gave_prompt && a->random, "-i needs a tokenizer: a --random model takes --prompt-tokens N"},
+        {cli_gave(a, "--prompt-tokens") && !a->random, "--prompt-tokens is for --random models: give text with -i"},
+        {a->csv && !a->bench, "--csv writes the table of a --bench run: add --bench"},
+        {cli_gave(a, "--kv-group") && a->o.kv_dtype != KVT_INT8 && !a->bench,
+         "--kv-group sets the channels per scale of an int8 cache: add --kv-dtype int8"},
+        {cli_gave(a, "--split") && a->o.attn == KVT_ATTN_NAIVE, "--split divides the fused attention: drop it "
+         "or use --attn fused"},
+        {cli_gave(a, "--ppl-from") && !a->ppl, "--ppl-from needs --ppl"},
+        {(cli_gave(a, "--bench-ctx") || cli_gave(a, "--bench-batch") || cli_gave(a, "--bench-every"))
+         && !a->bench, "--bench-ctx, --bench-batch and --bench-every need --bench"},
+        {cli_gave(a, "--fork-share") && a->fork < 2, "--fork-share needs --fork N with N >= 2"},
+    };
+    for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
+        if (rules[i].bad) { kvt_fail(KVT_EARG, "%s", rules[i].why); return 0; }
+    if (!cli_gave(a, "--chunk") && a->o.CH > TMAX) a->o.CH = TMAX; /* the default 16, for TMAX < 16 */
+    if (!cli_gave(a, "--prompt-tokens")) a->prompt_tokens = TMAX / 2 < 8 ? (TMAX / 2 > 1 ? TMAX / 2 : 1) : 8;
+    if (!cli_gave(a, "--kv-group")) { /* the default G: 32, else 16 (the CPU's loops take 16 channels of one */
+        a->o.kv_group = HS % 32 == 0 ? 32 : 16; /* scale at a time, §10), else HS's largest divisor below 32 */
+        if (HS % a->o.kv_group) for (a->o.kv_group = 31; HS % a->o.kv_group; a->o.kv_group--) {}
+    }
+    return 1;
+}
+
+/* --stats: what the cache holds (kvt_cache_usage_of), what sharing saved,
+ * and the time split between prefill (many rows per call) and decode. */
+static void print_stats(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
+    kvt_pool *p = &e->pool;
+    if (!e->gpu) kvt_blas_note();
+    kvt_cache_usage u;
+    kvt_cache_usage_of(e, seqs, n_seqs, &u);
+    fprintf(stderr, "[stats] device %s | attention %s | kv cache %s, %s, CH %d\n", e->gpu ? kvt_gpu_name() : "cpu",
+            e->o.attn == KVT_ATTN_NAIVE ? "naive" : "fused", e->o.kv_cache ? "on" : "off (recomputed every step)",
+            kvt_dtype_name(p->dtype), p->CH);
+    fprintf(stderr, "[stats] bits per cached value %.2f%s; chunk %.0f bytes; pool %.0f bytes\n", u.bits_per_value,
+            p->dtype == KVT_INT8 ? " (8 + 32/G for the fp32 scale)" : "", (double)p->chunk_elems * u.bits_per_value / 8,
+            (double)p->chunk_elems * u.bits_per_value / 8 * p->n_chunks);
+    fprintf(stderr, "[stats] chunks in use %d, peak %d, capacity %d; cache bytes in use %.0f\n", u.chunks_used,
+            p->peak_used, p->n_chunks, u.bytes_used);
+    fprintf(stderr, "[stats] %d sequence(s); slots allocated %ld, unused %ld (%.1f%% waste)\n", n_seqs,
+            u.slots_allocated, u.slots_unused, u.slots_allocated ? 100.0 * u.slots_unused / u.slots_allocated : 0.0);
+    if (n_seqs > 1 || p->shared_hits || p->prefix_hits)
+        fprintf(stderr, "[stats] sharing: %ld chunk(s) shared by fork, %ld copy-on-write copies, prefix hits %ld / "
+                "misses %ld; %.0f bytes vs %.0f without sharing (%.1f%% saved)\n", p->shared_hits, p->cow_copies,
+                p->prefix_hits, p->prefix_misses, u.bytes_used, u.bytes_unshared,
+                u.bytes_unshared > 0 ? 100.0 * (1.0 - u.bytes_used / u.bytes_unshared) : 0.0);
+    if (e->n_prefill)
+        fprintf(stderr, "[stats] prefill %ld tokens in %.2f ms (%.1f tokens/s)\n", e->n_prefill, 1e3 * e->t_prefill,
+                (double)e->n_prefill / e->t_prefill);
+    if (e->n_decode)
+        fprintf(stderr, "[stats] decode %ld tokens in %.2f ms (%.1f tokens/s)\n", e->n_decode, 1e3 * e->t_decode,
+                (double)e->n_decode / e->t_decode);
+}
+
+/* Teacher-forced mean negative log-likelihood of a text, in windows of TMAX
+ * positions: [BOS, c0 .. c(W-2)] predicts c0 .. c(W-1), W = TMAX - 1 chars. */
+/* The NLL of token j is logsumexp(logits_j) - logits_j[target], computed in
+ * double from the fp32 logits. The windows match weights/train.py's held-out
+ * evaluation exactly, so the two numbers can be compared to 1e-3 nats. The
+ * prefill runs with the cache (pieces of max_rows rows attend to the cached
+ * earlier pieces), so a quantized cache changes the result: that is what
+ * --ppl measures for --kv-dtype. */
+static kvt_status run_ppl(kvt_engine *e, kvt_tokenizer *tk, const char *path, double from) {
+    int V = e->m->c.vocab_size, W = e->m->c.seq_len - 1;
+    if (W < 1)
+        return kvt_fail(KVT_ECONTEXT, "--ppl needs TMAX >= 2 (a window is BOS, then the tokens it predicts); this model "
+                        "has TMAX = %d", W + 1);
+    char *text;
+    size_t size;
+    kvt_status st = kvt_read_file(path, "--ppl file", &text, &size);
+    if (st != KVT_OK) return st;
+    size_t start = (size_t)(from * (double)size), len = size - start;
+    if (len > (size_t)INT_MAX - 3) { free(text); return kvt_fail(KVT_EARG, "--ppl '%s': %zu bytes, more than this "
+                                                                   "program scores at once (2^31)", path, len); }
+    long line = 1; /* the file's line number of text[i], for error messages */
+    for (size_t i = 0; i < start; i++) line += text[i] == '\n';
+    int *ids = (int *)kvt_malloc((len + 3) * sizeof(int)), n = 0;
+    /* Line by line, so no merge spans a newline; not for speed: merging is
+     * O(n log n) (§16), and a file that is one long line encodes as fast. */
+    for (size_t i = start; i < size && st == KVT_OK; line++) {
+        size_t j = i;
+        while (j < size && text[j] != '\n') j++;
+        if (j < size) j++;
+        st = encode_piece(tk, text + i, j - i, i == start && tk->dummy_prefix, ids, &n);
+        if (st != KVT_OK) {
+            char msg[sizeof(kvt_errbuf)];
+            snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
+            kvt_fail(st, "--ppl '%s' line %ld: %s", path, line, msg);
+        }
+        i = j;
+    }
+    free(text);
+    if (st == KVT_OK && n == 0)
+        st = kvt_fail(KVT_EARG, "--ppl '%s'%s: no text to score (0 tokens)", path, from > 0 ? " from --ppl-from" : "");
+    if (st != KVT_OK) { free(ids); return st; }
+    float *logits = NULL; /* (TMAX, V): every position's logits of one window */
+    size_t logit_bytes;
+    st = kvt_bytes(&logit_bytes, "--ppl's logits (TMAX x V)", (size_t)W + 1, (size_t)V, sizeof(float), 1);
+    if (st == KVT_OK) st = buf_alloc(0, (void **)&logits, logit_bytes, "--ppl's logits (TMAX x V)");
+    int *win = (int *)kvt_malloc((size_t)(W + 1) * sizeof(int));
+    kvt_seq s;
+    memset(&s, 0, sizeof(s)); /* freeing a zeroed sequence is a no-op */
+    if (st == KVT_OK) st = kvt_seq_init(e, &s);
+    double nll = 0.0;
+    long count = 0;
+    for (int w0 = 0; w0 < n && st == KVT_OK; w0 += W) {
+        int wl = n - w0 < W ? n - w0 : W;
+        win[0] = KVT_BOS;
+        memcpy(win + 1, ids + w0, (size_t)(wl - 1) * sizeof(int));
+        kvt_seq_reset(e, &s);
+        st = kvt_forward(e, &s, win, wl, logits, 1);
+        long bad = st == KVT_OK ? kvt_first_nonfinite(logits, (size_t)wl * V) : -1;
+        if (bad >= 0)
+            st = kvt_fail(KVT_EFORMAT, "--ppl: the logits at token %ld are not finite (%g): NaN or Inf in the weights?",
+                          w0 + bad / V, logits[bad]);
+        for (int j = 0; j < wl && st == KVT_OK; j++) {
+            const float *lj = logits + (size_t)j * V;
+            double mx = -INFINITY, z = 0.0;
+            for (int v = 0; v < V; v++) mx = fmax(mx, (double)lj[v]);
+            for (int v = 0; v < V; v++) z += exp((double)lj[v] - mx);
+            nll += mx + log(z) - (double)lj[ids[w0 + j]];
+            count++;
+        }
+    }
+    kvt_seq_free(e, &s);
+    if (st == KVT_OK) {
+        printf("ppl: %s from %.3f: %ld tokens, mean NLL %.6f nats/token, perplexity %.4f\n", path, from, count,
+               nll / (double)count, exp(nll / (double)count));
+    }
+    free(ids);
+    free(logits);
+    free(win);
+    return st;
+}
+
+/* Print a token: as text when there is a tokenizer, else as its id. A lone
+ * control byte (a byte-fallback token of a broken UTF-8 sequence, say) is
+ * skipped so the terminal is not confused. */
+static void print_token(const kvt_tokenizer *tk, int prev, int tok) {
+    if (!tk) { printf("%d ", tok); return; }
+    if (tok == KVT_BOS || tok == KVT_EOS) return; /* markers, not text */
+    const char *piece = kvt_decode(tk, prev, tok);
+    if (piece[0] && !piece[1] && !(piece[0] >= 32 || piece[0] == '\n' || piece[0] == '\t')) return;
+    printf("%s", piece);
+}
+
+/* The one way the CLI reports a failure: the library's message on stderr. */
+static int cli_fail(const char *what) {
+    fprintf(stderr, "kvt: %s%s\n", what ? what : "", kvt_errbuf);
+    return 1;
+}
+
+/* One sequence: prefill the prompt, then sample -n tokens, printing as we go.
+ * With --check a CPU engine runs the same steps and every step's logits are
+ * compared. */
+static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cli *a, const int *prompt, int np) {
+    /* hist holds the whole sequence so far: kvt_step feeds what the cache lacks
+     * (everything after a reset when the cache is off, else the newest token). */
+    int V = m->c.vocab_size, TMAX = m->c.seq_len, ok = 1;
+    kvt_engine *ref = NULL;
+    kvt_status st = KVT_OK;
+    if (a->check) { /* the reference: the same options on the CPU */
+        kvt_options ro = e->o;
+        ro.device = KVT_CPU;
+        if (!e->gpu) {
+            kvt_fail(KVT_EARG, "--check compares the GPU path with the CPU: add --device gpu (needs a CUDA device, "
+                     "or the C build, which emulates the kernels)");
+            return cli_fail("");
+        }
+        if ((st = kvt_engine_create(&ref, m, &ro)) != KVT_OK) return cli_fail("");
+        fprintf(stderr, "[check] %s against the CPU reference, tolerance KVT_TOL_GPU = %.0e\n", kvt_gpu_name(), KVT_TOL_GPU);
+    }
+    int *hist = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
+    float *logits = (float *)kvt_malloc((size_t)V * sizeof(float)), *ref_logits = (float *)kvt_malloc((size_t)V * sizeof(float));
+    memcpy(hist, prompt, (size_t)np * sizeof(int));
+    kvt_sampler sm;
+    kvt_sampler_init(&sm, V, (float)a->temperature, (float)a->topp, (uint64_t)a->seed);
+    kvt_seq s, rs;
+    kvt_seq_init(e, &s);
+    if (ref) kvt_seq_init(ref, &rs);
+    for (int i = 0; i < np; i++) print_token(tk, i ? hist[i - 1] : -1, hist[i]);
+    fflush(stdout);
+    int n = np;
+    while (n < np + a->steps && st == KVT_OK) {
+        st = kvt_step(e, &s, hist, n, logits);
+        if (st == KVT_OK && ref) {
+            if ((st = kvt_step(ref, &rs, hist, n, ref_logits)) != KVT_OK) break;
+            char what[64];
+            snprintf(what, sizeof(what), "--check step %d logits, gpu vs cpu", n - np);
+            ok &= kvt_check(what, logits, ref_logits, V, "vocab=1000000000", KVT_TOL_GPU, "KVT_TOL_GPU");
+        }
+        if (st != KVT_OK) break;
+        long bad = kvt_first_nonfinite(logits, (size_t)V);
+        if (bad >= 0) {
+            st = kvt_fail(KVT_EFORMAT, "step %d (position %d): logit %ld is %g, not a finite number: NaN or Inf in the "
+                          "weights?", n - np, n - 1, bad, logits[bad]);
+            break;
+        }
+        int next = kvt_sample(&sm, logits, V);
+        if (tk && (next == KVT_BOS || next == KVT_EOS)) break;
+        print_token(tk, hist[n - 1], next);
+        fflush(stdout);
+        hist[n++] = next;
+    }
+    printf("\n");
+    if (st != KVT_OK) ok = !cli_fail("");
+    const kvt_seq *live = &s;
+    if (st == KVT_OK && a->stats) print_stats(e, &live, 1);
+    if (ref && st == KVT_OK)
+        fprintf(stderr, "%s --check: %d steps, GPU logits %s the CPU reference within KVT_TOL_GPU = %.0e\n",
+                ok ? "PASS" : "FAIL", n - np, ok ? "match" : "do NOT match", KVT_TOL_GPU);
+    kvt_seq_free(e, &s);
+    if (ref) { kvt_seq_free(ref, &rs); kvt_engine_free(ref); }
+    kvt_sampler_free(&sm);
+    free(hist);
+    free(logits);
+    free(ref_logits);
+    return ok ? 0 : 1;
+}
+
+/* Several sequences decoded as one batch: --prompts (one prompt per line) or
+ * --fork N (N continuations of one prompt, seeds seed, seed+1, ...). Each
+ * prompt is prefilled on its own (reusing cached prefixes), then every step
+ * samples one token per sequence and one kvt_forward_batch call runs them all. */
+static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cli *a, int **prompts, const int *np,
+                     int n_seqs) {
+    int V = m->c.vocab_size, TMAX = m->c.seq_len, fork = a->fork > 1;
+    /* The large buffers first, sized with overflow checks (n_seqs x TMAX tokens,
+     * twice n_seqs x V logits): one that cannot be had is reported before
+     * anything else is taken. */
+    int *hist = NULL;
+    float *logits = NULL, *blog = NULL;
+    size_t hist_bytes, logit_bytes;
+    kvt_status st = kvt_bytes(&hist_bytes, "the sequences' tokens (n_seqs x TMAX)", (size_t)n_seqs, (size_t)TMAX,
+                              sizeof(int), 1);
+    if (st == KVT_OK) st = kvt_bytes(&logit_bytes, "the batch's logits (n_seqs x V)", (size_t)n_seqs, (size_t)V, sizeof(float), 1);
+    if (st == KVT_OK) st = buf_alloc(0, (void **)&hist, hist_bytes, "the sequences' tokens (n_seqs x TMAX)");
+    if (st == KVT_OK) st = buf_alloc(0, (void **)&logits, logit_bytes, "the batch's logits (n_seqs x V)");
+    if (st == KVT_OK) st = buf_alloc(0, (void **)&blog, logit_bytes, "the batch's logits (n_seqs x V)");
+    if (st != KVT_OK) { free(hist); free(logits); free(blog); return cli_fail(""); }
+    kvt_seq *seqs = (kvt_seq *)calloc((size_t)n_seqs, sizeof(kvt_seq));
+    kvt_seq **batch = (kvt_seq **)kvt_malloc((size_t)n_seqs * sizeof(kvt_seq *));
+    kvt_sampler *sm = (kvt_sampler *)calloc((size_t)n_seqs, sizeof(kvt_sampler)); /* zeroed: safe to free early */
+    int *len = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
+    int *next = (int *)kvt_malloc((size_t)n_seqs * sizeof(int)), *ones = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
+    int *active = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
+    KVT_ASSERT(seqs && sm);
+    double t0 = kvt_now();
+    /* Prefill. With --fork only sequence 0 computes the prompt; the others are
+     * forks of it, so they share its chunks and start from its logits. */
+    for (int i = 0; i < n_seqs && st == KVT_OK; i++) {
+        kvt_sampler_init(&sm[i], V, (float)a->temperature, (float)a->topp, (uint64_t)(a->seed + i));
+        memcpy(hist + (size_t)i * TMAX, prompts[fork ? 0 : i], (size_t)np[fork ? 0 : i] * sizeof(int));
+        len[i] = np[fork ? 0 : i];
+        active[i] = 1;
+        ones[i] = 1;
+        if (fork && i > 0 && a->fork_share) { /* share the prompt's chunks; same first logits */
+            st = kvt_seq_fork(e, &seqs[i], &seqs[0]);
+            memcpy(logits + (size_t)i * V, logits, (size_t)V * sizeof(float));
+        } else {
+            st = kvt_seq_init(e, &seqs[i]);
+            if (st == KVT_OK) /* its own prompt, or (--fork-share off) its own copy of the prompt */
+                st = kvt_forward(e, &seqs[i], hist + (size_t)i * TMAX, len[i], logits + (size_t)i * V, 0);
+        }
+    }
+    /* Decode. Each step samples one token per live sequence (each with its own
+     * sampler and seed), then runs all of them as one batch. A sequence that
+     * samples BOS/EOS stops; the batch just gets smaller. After the last
+     * sample there is nothing left to run. */
+    for (int step = 0; step < a->steps && st == KVT_OK; step++) {
+        int nb = 0;
+        for (int i = 0; i < n_seqs && st == KVT_OK; i++) {
+            long bad = active[i] ? kvt_first_nonfinite(logits + (size_t)i * V, (size_t)V) : -1;
+            if (bad >= 0)
+                st = kvt_fail(KVT_EFORMAT, "step %d, sequence %d: logit %ld is %g, not a finite number: NaN or Inf in "
+                              "the weights?", step, i, bad, logits[(size_t)i * V + bad]);
+        }
+        if (st != KVT_OK) break;
+        for (int i = 0; i < n_seqs; i++) {
+            if (!active[i]) continue;
+            int t = kvt_sample(&sm[i], logits + (size_t)i * V, V);
+            if (tk && (t == KVT_BOS || t == KVT_EOS)) { active[i] = 0; continue; }
+            hist[(size_t)i * TMAX + len[i]++] = t;
+            if (step + 1 < a->steps) { batch[nb] = &seqs[i]; next[nb++] = t; }
+        }
+        if (nb == 0) continue;
+        st = kvt_forward_batch(e, batch, nb, next, ones, blog);
+        for (int i = 0, j = 0; i < n_seqs && st == KVT_OK; i++) /* scatter the batch's logits back */
+            if (j < nb && batch[j] == &seqs[i]) memcpy(logits + (size_t)i * V, blog + (size_t)j++ * V, (size_t)V * sizeof(float));
+    }
+    double dt = kvt_now() - t0;
+    for (int i = 0; i < n_seqs; i++) {
+        printf("--- sequence %d (seed %ld) ---\n", i, a->seed + i);
+        for (int j = 0; j < len[i]; j++) print_token(tk, j ? hist[(size_t)i * TMAX + j - 1] : -1, hist[(size_t)i * TMAX + j]);
+        printf("\n");
+    }
+    int rc = st == KVT_OK ? 0 : cli_fail("");
+    if (a->stats) {
+        for (int i = 0; i < n_seqs; i++) batch[i] = &seqs[i]; /* all of them, for the figures */
+        print_stats(e, (const kvt_seq *const *)batch, n_seqs);
+        fprintf(stderr, "[stats] %d sequences, wall time %.1f ms (prefill, decode and sampling)\n", n_seqs, 1e3 * dt);
+    }
+    for (int i = 0; i < n_seqs; i++) { kvt_seq_free(e, &seqs[i]); kvt_sampler_free(&sm[i]); }
+    free(seqs); free(batch); free(sm); free(hist); free(len); free(next); free(ones); free(active); free(logits); free(blog);
+    return rc;
+}
+
+/* Read --prompts: one prompt per non-empty line, each encoded with BOS. Lines
+ * may be of any length (getline); a NUL byte inside a line is refused (it
+ * would cut the prompt short unseen); errors name the file's line number.
+ * Returns the count; on an error -(prompts read + 2), so the caller can free
+ * what was read (-1: nothing was). */
+static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int ***prompts, int **np) {
+    FILE *f;
+    *prompts = NULL;
+    *np = NULL;
+    if (kvt_open_read(&f, path, "--prompts file") != KVT_OK) return -1;
+    char *text = NULL;
+    size_t text_cap = 0;
+    ssize_t got;
+    long line = 0;
+    int n = 0, cap = 0, bad = 0;
+    while (!bad && (got = getline(&text, &text_cap, f)) != -1) { /* bad: an error ended the last line */
+        line++;
+        if ((size_t)got != strlen(text)) {
+            kvt_fail(KVT_EARG, "--prompts '%s' line %ld: a NUL byte", path, line);
+            bad = 1;
+            break;
+        }
+        text[strcspn(text, "\r\n")] = '\0';
+        if (!text[0]) continue;
+        if (n == KVT_MAX_SEQS) {
+            kvt_fail(KVT_EARG, "--prompts '%s' line %ld: more than %d prompts (one batch holds at most %d sequences)",
+                     path, line, KVT_MAX_SEQS, KVT_MAX_SEQS);
+            bad = 1;
+            break;
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 8;
+            *prompts = (int **)realloc(*prompts, (size_t)cap * sizeof(int *));
+            *np = (int *)realloc(*np, (size_t)cap * sizeof(int));
+            KVT_ASSERT(*prompts && *np);
+        }
+        (*prompts)[n] = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
+        (*np)[n] = 0;
+        n++; /* counted now: the caller frees it, also when encoding fails */
+        if (kvt_encode(tk, text, 1, (*prompts)[n - 1], TMAX, &(*np)[n - 1]) != KVT_OK) {
+            char msg[sizeof(kvt_errbuf)];
+            snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
+            kvt_fail(KVT_EARG, "--prompts '%s' line %ld: %s", path, line, msg);
+            bad = 1;
+        }
+    }
+    if (!bad && ferror(f)) { kvt_fail(KVT_EIO, "cannot read --prompts file '%s': %s", path, strerror(errno)); bad = 1; }
+    free(text);
+    fclose(f);
+    if (!bad && n == 0) { kvt_fail(KVT_EARG, "--prompts: '%s' has no non-empty line", path); bad = 1; }
+    return bad ? -(n + 2) : n;
+}
+
+#endif
+#ifndef KVT_NO_MAIN
+/* main: defaults, flags, model, then one of the runs; every exit after the
+ * model is loaded goes through `done`, which frees everything (valgrind
+ * checks that nothing is lost on any of these paths). */
+int main(int argc, char **argv) {
+    kvt_cli a;
+    memset(&a, 0, sizeof(a));
+    a.model = "weights/model.bin";
+    a.tokenizer = "weights/tokenizer.bin";
+    a.prompt = "ROMEO:";
+    a.steps = -1;
+    a.temperature = 0.8;
+    a.topp = 0.9;
+    a.seed = 42;
+    a.bench_every = 64;
+    a.prompt_tokens = 8;
+    a.fork_share = 1;
+    kvt_options_default(&a.o);
+    int parsed = parse_args(&a, argc, argv);
+    if (parsed == 2) { usage(stdout); return 0; }
+    if (!parsed) { cli_fail(""); fprintf(stderr, "run 'kvt --help' for the flags\n"); return 1; }
+    if (!a.fork_share) a.o.prefix_reuse = 0; /* the independent baseline shares nothing at all */
+
+    kvt_model m;
+    kvt_status st = a.random ? kvt_model_random(&m, a.rc, 1) : kvt_model_load(&m, a.model);
+    if (st != KVT_OK) return cli_fail("");
+    int V = m.c.vocab_size, TMAX = m.c.seq_len, rc = 1;
+    if (!cli_check(&a, &m.c)) { kvt_model_free(&m); return cli_fail(""); }
+    if (a.bench) {
+        FILE *csv = NULL;
+        kvt_blas_note();
+        if (a.csv && !(csv = fopen(a.csv, "w"))) kvt_fail(KVT_EIO, "--csv: cannot write '%s': %s", a.csv, strerror(errno));
+        else if (!strcmp(a.bench, "decode")) st = bench_decode(&m, &a.o, csv);
+        else if (!strcmp(a.bench, "positions")) st = bench_positions(&m, &a.o, a.bench_every, csv);
+        else if (!strcmp(a.bench, "attention")) st = bench_attention(&m, &a.o, a.bench_ctx, csv); /* 0: fitted */
+        else if (!strcmp(a.bench, "stages")) st = bench_stages(&m, &a.o, a.bench_ctx, csv);
+        else if (!strcmp(a.bench, "matmul")) st = bench_matmul(&m, csv);
+        else if (!strcmp(a.bench, "context"))
+            st = bench_context(&m, &a.o, a.bench_ctx, a.bench_batch ? a.bench_batch : 1, csv);
+        else st = bench_batch(&m, &a.o, csv);
+        if (csv) fclose(csv);
+        kvt_model_free(&m);
+        return a.csv && !csv ? cli_fail("") : st == KVT_OK ? 0 : cli_fail("");
+    }
+    kvt_tokenizer tk, *tkp = NULL;
+    int **prompts = NULL, *np = NULL, n_prompts = 1, longest = 0, n_seqs = 1;
+    kvt_engine *e = NULL;
+    if (!a.random) {
+        if (V < 3) { /* token ids 1 and 2 are BOS and EOS (llama2.c's convention) */
+            kvt_model_free(&m);
+            kvt_fail(KVT_EFORMAT, "checkpoint '%s': vocab_size %d; with a tokenizer the ids BOS = 1 and EOS = 2 need "
+                     "vocab_size >= 3", a.model, V);
+            return cli_fail("");
+        }
+        if ((st = kvt_tokenizer_load(&tk, a.tokenizer, V)) != KVT_OK) { kvt_model_free(&m); return cli_fail(""); }
+        tkp = &tk;
+    }
+    if (a.ppl) {
+        if (!tkp) kvt_fail(KVT_EARG, "--ppl needs a tokenizer (not --random)");
+        else if ((st = kvt_engine_create(&e, &m, &a.o)) == KVT_OK && (st = run_ppl(e, tkp, a.ppl, a.ppl_from)) == KVT_OK)
+            rc = 0;
+        goto done;
+    }
+    if (a.prompts) { /* several prompts, one batch */
+        if (!tkp) { kvt_fail(KVT_EARG, "--prompts needs a tokenizer (not --random)"); goto done; }
+        if ((n_prompts = read_prompts(a.prompts, tkp, TMAX, &prompts, &np)) < 1) {
+            n_prompts = n_prompts < -1 ? -n_prompts - 2 : 0;
+            goto done;
+        }
+    } else { /* one prompt */
+        prompts = (int **)kvt_malloc(sizeof(int *));
+        np = (int *)kvt_malloc(sizeof(int));
+        prompts[0] = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
+        if (tkp) st = kvt_encode(tkp, a.prompt, 1, prompts[0], TMAX, &np[0]);
+        else if (a.prompt_tokens > TMAX) st = kvt_fail(KVT_ECONTEXT, "--prompt-tokens %d: more than TMAX = %d", a.prompt_tokens, TMAX);
+        else { np[0] = a.prompt_tokens; prompts[0][0] = KVT_BOS % V; kvt_fake_tokens(prompts[0] + 1, np[0] - 1, V); }
+        if (st != KVT_OK) { cli_fail("prompt: "); kvt_errbuf[0] = '\0'; goto done; }
+    }
+    for (int i = 0; i < n_prompts; i++) longest = np[i] > longest ? np[i] : longest;
+    if (a.steps < 0) a.steps = TMAX - longest < 256 ? TMAX - longest : 256;
+    if (longest + a.steps > TMAX) {
+        kvt_fail(KVT_ECONTEXT, "-n %d: the %sprompt is %d tokens, so -n must be in [0, %d] (context TMAX = %d)", a.steps,
+                 n_prompts > 1 ? "longest " : "", longest, TMAX - longest, TMAX);
+        goto done;
+    }
+    if (a.o.n_chunks > 0 && a.o.n_chunks < kvt_cdiv(longest + a.steps, a.o.CH)) { /* cache off: every step too */
+        kvt_fail(KVT_EPOOL, "--chunks %d: too small for one sequence of %d positions (prompt %d + -n %d), which needs "
+                 "at least %d chunks of %d positions", a.o.n_chunks, longest + a.steps, longest, a.steps,
+                 kvt_cdiv(longest + a.steps, a.o.CH), a.o.CH);
+        goto done;
+    }
+    n_seqs = a.fork > 1 ? a.fork : n_prompts;
+    if (n_seqs > 1) {
+        if (!a.o.kv_cache) { kvt_fail(KVT_EARG, "--prompts and --fork decode with the cache: drop --kv-cache off"); goto done; }
+        if (a.check) { kvt_fail(KVT_EARG, "--check runs one sequence: drop --prompts/--fork"); goto done; }
+        a.o.max_seqs = n_seqs;
+        if (a.o.max_rows < n_seqs) a.o.max_rows = n_seqs;
+    }
+    if ((st = kvt_engine_create(&e, &m, &a.o)) != KVT_OK) goto done;
+    rc = n_seqs > 1 ? run_batch(e, &m, tkp, &a, prompts, np, n_seqs) : run_single(e, &m, tkp, &a, prompts[0], np[0]);
+    kvt_errbuf[0] = '\0'; /* the runners reported their own errors */
+done:
+    if (rc && kvt_errbuf[0]) cli_fail("");
+    for (int i = 0; i < n_prompts && prompts; i++) free(prompts[i]);
+    free(prompts);
+    free(np);
+    kvt_engine_free(e);
+    if (tkp) kvt_tokenizer_free(tkp);
+    kvt_model_free(&m);
+    return rc;
+}
+#endif
