@@ -1221,6 +1221,26 @@ typedef struct {
     const int *row_pos;  /* (n) position of row r */
     const int *row_len;  /* (n) length of row r's sequence once this call is done */
 } kvt_kv;
+/* The one place a kvt_kv is filled in: the storage and shape of pool p, with
+ * these chunk tables and rows (NULL where the caller has no rows). A field
+ * added to kvt_kv is set here, or is 0 everywhere. */
+static kvt_kv kv_view(const kvt_pool *p, const int *tables, const int *row_tab, const int *row_pos,
+                      const int *row_len) {
+    kvt_kv kv = {0};
+    kv.data = p->data;
+    kv.scales = p->scales;
+    kv.dtype = (int)p->dtype;
+    kv.G = p->G;
+    kv.CH = p->CH;
+    kv.NKV = p->NKV;
+    kv.HS = p->HS;
+    kv.chunk_elems = p->chunk_elems;
+    kv.tables = tables;
+    kv.row_tab = row_tab;
+    kv.row_pos = row_pos;
+    kv.row_len = row_len;
+    return kv;
+}
 
 /* Element index in the pool of channel 0 of head h, K (which 0) or V (1), of
  * layer l, at position pos of the sequence whose table starts at tables[tab]. */
@@ -1918,7 +1938,7 @@ struct kvt_engine {
     int *tokens;   /* (rows) */
     int *row_pos, *row_len, *row_tab; /* (rows) see kvt_kv */
     int *tables;   /* (max_seqs * ceil(TMAX/CH)) chunk tables of this call */
-    int *h_rows;   /* (3 * rows) host staging: row_pos | row_len | row_tab */
+    int *h_pos, *h_len, *h_tab; /* (rows) host staging of row_pos, row_len, row_tab */
     int *h_tables; /* (max_seqs * ceil(TMAX/CH)) host staging of tables */
     float *h_logits; /* (rows, V) host staging of a batch's logits */
     /* counters for --stats */
@@ -1968,7 +1988,9 @@ void kvt_engine_free(kvt_engine *e) {
     if (!e) return;
     engine_free_buffers(e);
     pool_free(&e->pool);
-    free(e->h_rows);
+    free(e->h_pos);
+    free(e->h_len);
+    free(e->h_tab);
     free(e->h_tables);
     free(e->h_logits);
     free(e);
@@ -2042,10 +2064,11 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
         {(void **)&e->row_len, "row_len", R, 1, 1, 0}, {(void **)&e->row_tab, "row_tab", R, 1, 1, 0},
         {(void **)&e->tables, "tables", tab_entries, 1, 1, 0},
         /* host staging, always in host memory */
-        {(void **)&e->h_rows, "h_rows", 3, R, 1, 0}, {(void **)&e->h_tables, "h_tables", tab_entries, 1, 1, 0},
+        {(void **)&e->h_pos, "h_pos", R, 1, 1, 0}, {(void **)&e->h_len, "h_len", R, 1, 1, 0},
+        {(void **)&e->h_tab, "h_tab", R, 1, 1, 0}, {(void **)&e->h_tables, "h_tables", tab_entries, 1, 1, 0},
         {(void **)&e->h_logits, "h_logits", R, V, 1, 0},
     };
-    const int n_bufs = (int)(sizeof(b) / sizeof(b[0])), n_dev = n_bufs - 3; /* the first n_dev: engine's device */
+    const int n_bufs = (int)(sizeof(b) / sizeof(b[0])), n_dev = n_bufs - 5; /* the first n_dev: engine's device */
     size_t pool_data = 0, pool_scales = 0;
     kvt_status st = pool_shape(&e->pool, e->gpu, c->n_layers, c->n_kv_heads, HS, o->CH, n_chunks, o->kv_dtype,
                                o->kv_group, &pool_data, &pool_scales);
@@ -2167,10 +2190,9 @@ static void forward_rows(kvt_engine *e, int n, int all_logits) {
     int D = c->dim, HD = c->hidden_dim, NH = c->n_heads, NKV = c->n_kv_heads, HS = e->m->head_size;
     int KVD = e->m->kv_dim, V = c->vocab_size, TMAX = c->seq_len;
     kvt_pool *p = &e->pool;
-    kvt_kv kv = {p->data, p->scales, (int)p->dtype, p->G, p->CH, NKV, HS, p->chunk_elems,
-                 e->tables, e->row_tab, e->row_pos, e->row_len};
+    kvt_kv kv = kv_view(p, e->tables, e->row_tab, e->row_pos, e->row_len);
     int max_pos = 0, split_len, nsplit;
-    for (int r = 0; r < n; r++) max_pos = e->h_rows[r] > max_pos ? e->h_rows[r] : max_pos;
+    for (int r = 0; r < n; r++) max_pos = e->h_pos[r] > max_pos ? e->h_pos[r] : max_pos;
     attn_split(e, max_pos, n, &split_len, &nsplit);
     KVT_ASSERT((size_t)n * (size_t)nsplit <= e->part_cap);
 
@@ -2208,16 +2230,19 @@ static void forward_rows(kvt_engine *e, int n, int all_logits) {
  * Staging, on the host: rows [r0, r0+n) are n new tokens of sequence s at
  * positions pos0.., and its chunk table goes to h_tables[tab..]. */
 static void stage_seq(kvt_engine *e, int r0, const kvt_seq *s, int n, int pos0, int tab) {
-    int *pos = e->h_rows, *len = e->h_rows + e->rows, *rtab = e->h_rows + 2 * e->rows;
-    for (int r = r0; r < r0 + n; r++) { pos[r] = pos0 + r - r0; len[r] = pos0 + n; rtab[r] = tab; }
+    for (int r = r0; r < r0 + n; r++) {
+        e->h_pos[r] = pos0 + r - r0;
+        e->h_len[r] = pos0 + n;
+        e->h_tab[r] = tab;
+    }
     memcpy(e->h_tables + tab, s->table, (size_t)s->n_table * sizeof(int));
 }
 /* ... then to the device: n rows of tokens and row arrays, ntab table entries. */
 static void stage_upload(kvt_engine *e, const int *tokens, int n, int ntab) {
     buf_upload(e->gpu, e->tokens, tokens, (size_t)n * sizeof(int));
-    buf_upload(e->gpu, e->row_pos, e->h_rows, (size_t)n * sizeof(int));
-    buf_upload(e->gpu, e->row_len, e->h_rows + e->rows, (size_t)n * sizeof(int));
-    buf_upload(e->gpu, e->row_tab, e->h_rows + 2 * e->rows, (size_t)n * sizeof(int));
+    buf_upload(e->gpu, e->row_pos, e->h_pos, (size_t)n * sizeof(int));
+    buf_upload(e->gpu, e->row_len, e->h_len, (size_t)n * sizeof(int));
+    buf_upload(e->gpu, e->row_tab, e->h_tab, (size_t)n * sizeof(int));
     buf_upload(e->gpu, e->tables, e->h_tables, (size_t)ntab * sizeof(int));
 }
 
@@ -2375,8 +2400,7 @@ void kvt_cache_read(kvt_engine *e, const kvt_seq *s, int l, int which, int pos, 
     kvt_pool *p = &e->pool;
     KVT_ASSERT(pos >= 0 && pos < s->len && l >= 0 && l < p->L);
     int KVD = p->NKV * p->HS;
-    kvt_kv kv = {p->data, p->scales, (int)p->dtype, p->G, p->CH, p->NKV, p->HS, p->chunk_elems,
-                 s->table, NULL, NULL, NULL};
+    kvt_kv kv = kv_view(p, s->table, NULL, NULL, NULL);
     size_t i = kv_index(&kv, l, which, 0, pos, 0);
     char raw[KVT_MAX_HS * 4 * 64];
     float sc[KVT_MAX_HS * 64];

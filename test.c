@@ -391,7 +391,7 @@ static void attn_run(const acase *c, int gpu, int impl, int split_len, float *ou
     int *d_tab = (int *)dev_copy(gpu, tab, (size_t)c->T * sizeof(int));
     float *dK = (float *)dev_copy(gpu, K, (size_t)c->T * KVD * 4), *dV = (float *)dev_copy(gpu, V, (size_t)c->T * KVD * 4);
     float *dK0 = (float *)dev_copy(gpu, K0, (size_t)c->T * KVD * 4);
-    kvt_kv kv = {p.data, p.scales, (int)p.dtype, p.G, p.CH, c->NKV, c->HS, p.chunk_elems, d_tables, d_tab, d_pos, d_len};
+    kvt_kv kv = kv_view(&p, d_tables, d_tab, d_pos, d_len);
 #if defined(KVT_EXERCISE) && (KVT_EXERCISE == 1 || KVT_EXERCISE == 2)
     kv.window = ex_window;
     kv.sinks = ex_sinks;
@@ -600,7 +600,7 @@ static void test_attention_ragged(int gpu) {
         }
         int *d_pos = (int *)dev_copy(gpu, rpos, (size_t)rows * sizeof(int)), *d_len = (int *)dev_copy(gpu, rlen, (size_t)rows * sizeof(int));
         int *d_tab = (int *)dev_copy(gpu, rtab, (size_t)rows * sizeof(int));
-        kvt_kv kv = {p.data, p.scales, (int)p.dtype, p.G, CH, NKV, HS, p.chunk_elems, d_tables, d_tab, d_pos, d_len};
+        kvt_kv kv = kv_view(&p, d_tables, d_tab, d_pos, d_len);
         float *dq = (float *)dev_copy(gpu, q, (size_t)rows * NH * HS * 4), *dout, *scratch;
         KVT_ASSERT(buf_alloc(gpu, (void **)&dout, (size_t)rows * NH * HS * 4, "test") == KVT_OK);
         KVT_ASSERT(buf_alloc(gpu, (void **)&scratch, (size_t)rows * NH * TMAX * 4 + (size_t)rows * NH * 8 * (2 + HS) * 4,

@@ -278,8 +278,7 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
     buf_upload(e->gpu, e->q, q, (size_t)D * sizeof(float));
     stage_seq(e, 0, &s, 1, T - 1, 0);
     stage_upload(e, &tok, 1, s.n_table);
-    kvt_kv kv = {p->data, p->scales, (int)p->dtype, p->G, p->CH, p->NKV, p->HS, p->chunk_elems,
-                 e->tables, e->row_tab, e->row_pos, e->row_len};
+    kvt_kv kv = kv_view(p, e->tables, e->row_tab, e->row_pos, e->row_len);
     int auto_len, auto_n;
     attn_split(e, T - 1, 1, &auto_len, &auto_n);
     if (auto_n == 1 && (size_t)kvt_cdiv(T, KVT_AUTO_SPLIT) <= e->part_cap) { /* split anyway, to compare */
