@@ -74,7 +74,7 @@ endif
 # Barriers of the emulated kernels are far cheaper when idle threads sleep.
 export OMP_WAIT_POLICY ?= passive
 
-.PHONY: ppl all run test test-asan test-valgrind bench bench-save bench-targets plots debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
+.PHONY: ppl all run test test-asan test-valgrind bench bench-save bench-targets plots gnuplot debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
 
 all: deps kvt
 
@@ -106,7 +106,7 @@ test_kvt: test.c $(SRCS) Makefile
 run: all
 	./kvt
 
-test: deps kvt test_kvt
+test: deps gnuplot kvt test_kvt
 	./test_kvt ./kvt
 
 ASAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
@@ -126,31 +126,14 @@ test-valgrind: deps
 	$(VALGRIND) ./kvt-valgrind --bogus; test $$? = 1
 	@echo "[make] valgrind: no errors, no definitely lost bytes"
 
-# The measurements in README.md, on this machine: tables on stdout, CSV and PNG
-# plots in bench/out/ (gnuplot is installed like OpenBLAS when it is missing).
-B15 = --random 288,6,6,6,768,32000,1024
-B110 = --random 768,12,12,12,2048,32000,1024
-B110L = --random 768,12,12,12,2048,32000,4096
+# The measurements in README.md, on this machine (bench/run.sh: the commands,
+# the model shapes): CSV tables and two PNG plots in bench/out/, the plotted
+# measurements RUNS times (medians, min-max). gnuplot is installed like OpenBLAS.
 BENCH_OUT ?= bench/out
-bench: deps kvt
-	@mkdir -p $(BENCH_OUT)
-	./kvt $(B110) --bench decode --csv $(BENCH_OUT)/decode_110m.csv
-	./kvt $(B110) --bench matmul --csv $(BENCH_OUT)/matmul_110m.csv
-	./kvt $(B110) --bench context --bench-ctx 960 --bench-batch 1 --csv $(BENCH_OUT)/context_b1_960.csv
-	./kvt $(B110) --bench context --bench-ctx 960 --bench-batch 16 --csv $(BENCH_OUT)/context_b16_960.csv
-	./kvt $(B110L) --bench context --bench-ctx 4000 --bench-batch 4 --csv $(BENCH_OUT)/context_b4_4000.csv
-	for t in 250 1000 2000; do ./kvt $(B110L) --bench context --bench-ctx $$t --bench-batch 4 \
-	  --csv $(BENCH_OUT)/context_b4_$$t.csv || exit 1; done
-	(head -1 $(BENCH_OUT)/context_b4_250.csv; for d in fp32 fp16 int8; do for t in 250 1000 2000 4000; do \
-	  grep "^$$d," $(BENCH_OUT)/context_b4_$$t.csv; done; done) > $(BENCH_OUT)/context_curve.csv
-	for dt in fp32 fp16 int8; do \
-	  ./kvt $(B15) --bench positions --bench-every 64 --kv-dtype $$dt --csv $(BENCH_OUT)/positions_$$dt.csv || exit 1; done
-	./kvt $(B15) --bench stages --bench-ctx 1000 --csv $(BENCH_OUT)/stages.csv
-	./kvt $(B15) --bench batch --csv $(BENCH_OUT)/batch.csv
-	./kvt --random 512,1,8,2,1024,100,4096 --bench attention --bench-ctx 4096 --csv $(BENCH_OUT)/attention_4096.csv
-	./kvt $(B15) --prompt-tokens 400 --fork 8 -n 100 --chunk 16 --stats -t 0.8 2>&1 >/dev/null | grep stats | tee $(BENCH_OUT)/fork8.txt
-	./kvt $(B15) --prompt-tokens 400 --fork 8 -n 100 --chunk 16 --stats -t 0.8 --fork-share off 2>&1 >/dev/null | grep stats | tee $(BENCH_OUT)/fork8_independent.txt
-	@$(MAKE) --no-print-directory plots
+RUNS ?= 3
+bench: deps kvt gnuplot
+	@command -v gnuplot >/dev/null || { echo "[make] make bench draws plots with gnuplot, which is missing and could not be installed: install gnuplot-nox"; exit 1; }
+	OUT=$(BENCH_OUT) RUNS=$(RUNS) bash bench/run.sh
 
 # make bench writes this run's tables, CSV and plots to $(BENCH_OUT) (ignored by
 # git), so a student's checkout stays clean. README's figures come from the
@@ -165,28 +148,18 @@ bench-save:
 bench-targets: deps kvt
 	bash bench/targets.sh
 
-# The plots of make bench's CSV files.
-GNUPLOT = gnuplot -e "set terminal png size 900,500; set datafile separator ','; set key left top
-plots:
+# The plots of make bench's CSV files (bench/plots.sh), again from the last run.
+plots: gnuplot
+	OUT=$(BENCH_OUT) RUNS=$(RUNS) bash bench/plots.sh
+
+# gnuplot, installed the way OpenBLAS is (as root or with sudo) when missing.
+# make test needs it only for its check of the plots (skipped without it).
+gnuplot:
 	@command -v gnuplot >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq gnuplot-nox >/dev/null || (apt-get update -qq && apt-get install -y -qq gnuplot-nox >/dev/null); \
-	  elif sudo -n true 2>/dev/null; then sudo apt-get install -y -qq gnuplot-nox >/dev/null; fi; }
-	@command -v gnuplot >/dev/null || { echo "[make] no gnuplot (install gnuplot-nox): no plots"; exit 0; }; \
-	$(GNUPLOT); set output '$(BENCH_OUT)/positions.png'; set logscale y; set xlabel 'position'; \
-	  set ylabel 'ms per generated token'; set title 'stories15M shape on the CPU: cache off vs on, by cache type'; \
-	  plot '$(BENCH_OUT)/positions_fp32.csv' using 1:3 skip 1 with linespoints title 'cache off', \
-	  '$(BENCH_OUT)/positions_fp32.csv' using 1:2 skip 1 with linespoints title 'cache on, fp32', \
-	  '$(BENCH_OUT)/positions_fp16.csv' using 1:2 skip 1 with linespoints title 'cache on, fp16', \
-	  '$(BENCH_OUT)/positions_int8.csv' using 1:2 skip 1 with linespoints title 'cache on, int8'" && \
-	$(GNUPLOT); set output '$(BENCH_OUT)/context.png'; set xlabel 'context (positions cached per sequence)'; \
-	  set ylabel 'decode tokens/s (4 sequences)'; set yrange [0:*]; \
-	  set title 'stories110M shape on the CPU, 4 sequences: decode speed by cache type'; \
-	  set key outside right; d = 'fp32 fp16 int8'; \
-	  plot for [i=1:3] '$(BENCH_OUT)/context_curve.csv' using 3:(strcol(1) eq word(d,i) ? \$$5 : 1/0) skip 1 \
-	  with linespoints linewidth 2 linecolor i title word(d,i), for [i=1:3] '$(BENCH_OUT)/context_curve.csv' \
-	  using 3:(strcol(1) eq word(d,i) ? \$$7 : 1/0) skip 1 with lines dashtype 2 linecolor i \
-	  title word(d,i).' bound'" && \
-	echo "[make] wrote $(BENCH_OUT)/positions.png and $(BENCH_OUT)/context.png"
+	  if [ "$$(id -u)" = 0 ]; then echo "[make] installing gnuplot-nox"; apt-get install -y -qq gnuplot-nox >/dev/null 2>&1 || \
+	    (apt-get update -qq && apt-get install -y -qq gnuplot-nox >/dev/null 2>&1); \
+	  elif sudo -n true 2>/dev/null; then echo "[make] installing gnuplot-nox"; sudo apt-get install -y -qq gnuplot-nox >/dev/null 2>&1; fi; \
+	  command -v gnuplot >/dev/null || echo "[make] gnuplot is missing and could not be installed (apt-get install gnuplot-nox)"; }
 
 # Perplexity of the default model per cache type (needs the corpus, e.g.
 # make ppl CORPUS=../shared/data/tinyshakespeare.txt): the held-out last 10%.

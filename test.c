@@ -1578,6 +1578,44 @@ static int bench_bad_number(const char *out) {
  * out of range, a --chunks pool too small. The smallest shapes that measure
  * run too (each well under a second; matmul times 0.3 s per row count, so it
  * is left out). No rate may come out inf, nan or negative. */
+/* make bench (bench/run.sh), on tiny models (QUICK=1, seconds): it must leave
+ * the checkout as it was (its default folder, bench/out, is ignored by git;
+ * tracked results change only by make bench-save) and draw both plots when
+ * gnuplot is there (make test installs it like make bench does). The run goes
+ * to bench/out/selftest, so a student's own bench/out results stay. */
+static int png_file(const char *path) {
+    unsigned char sig[8] = {0};
+    FILE *f = fopen(path, "rb");
+    size_t n = f ? fread(sig, 1, 8, f) : 0;
+    if (f) fclose(f);
+    return n == 8 && !memcmp(sig, "\x89PNG\r\n\x1a\n", 8);
+}
+static void test_bench_run(void) {
+    FILE *f = fopen(kvt_bin, "rb");
+    if (!f) { skip("make bench checks (no kvt binary given)"); return; }
+    fclose(f);
+    if (system("git rev-parse --is-inside-work-tree > /dev/null 2>&1 && test -f bench/run.sh") != 0) {
+        skip("make bench checks (not run from a git checkout)");
+        return;
+    }
+    expect(system("git check-ignore -q bench/out/positions.png && git check-ignore -q bench/out/context_curve.csv") == 0,
+           "make bench: its output folder bench/out is ignored by git");
+    int plots = system("command -v gnuplot > /dev/null 2>&1") == 0;
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "mkdir -p bench/out; git status --porcelain > bench/out/status.before 2>&1; rm -rf bench/out/selftest; "
+             "QUICK=1 PLOTS=%d OUT=bench/out/selftest KVT=%s bash bench/run.sh > bench/out/selftest.log 2>&1; "
+             "rc=$?; git status --porcelain | diff - bench/out/status.before > bench/out/selftest.diff; d=$?; "
+             "rm -f bench/out/status.before; exit $((rc * 2 + (d != 0)))", plots, kvt_bin);
+    int rc = system(cmd), code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 255;
+    expect(code / 2 == 0, "make bench on tiny models (QUICK=1) runs to the end (log: bench/out/selftest.log)");
+    expect(code % 2 == 0, "make bench leaves git status as it was (differences: bench/out/selftest.diff)");
+    if (!plots) { skip("make bench plots (no gnuplot; make test installs it as root or with sudo)"); return; }
+    expect(png_file("bench/out/selftest/positions.png") && png_file("bench/out/selftest/context.png"),
+           "make bench draws bench/out/.../positions.png and context.png (gnuplot)");
+    expect(system("grep -q 'cache_on_ms_min' bench/out/selftest/positions_fp32.csv && "
+                  "grep -q 'decode_tokens_per_s_max' bench/out/selftest/context_curve.csv") == 0,
+           "make bench's plotted tables hold medians with min and max over the runs");
+}
 static void test_bench_shapes(void) {
     FILE *f = fopen(kvt_bin, "rb");
     if (!f) { skip("bench shape checks (no kvt binary given)"); return; }
@@ -1590,6 +1628,8 @@ static void test_bench_shapes(void) {
     cli_expect("--random 32,1,2,2,64,50,16 --chunk 4 --bench positions --bench-every 17", 0,
                "this model has TMAX = 16: give --bench-every 12 or less");
     cli_expect("--random 32,1,2,2,64,50,16 --chunk 4 --bench positions --bench-every 13", 0, "needs TMAX >= 17");
+    /* without --bench-every on a short model: the default step fits it ((16 - 4) / 8 = 1: rows at 1, 2, ..., 12) */
+    cli_expect("--random 32,1,2,2,64,50,16 --chunk 4 --bench positions", 1, "\n      12 ");
     cli_expect("--random 32,1,2,2,64,50,31 --bench batch", 0, "--bench batch needs TMAX >= 32");
     cli_expect("--random 32,1,2,2,64,50,8 --chunk 1 --bench stages", 0, "--bench stages needs TMAX >= 9");
     cli_expect("--random 32,1,2,2,64,50,32 --bench context", 0, "--bench context needs TMAX >= 33");
@@ -2392,6 +2432,7 @@ int main(int argc, char **argv) {
     test_hardening();
     test_cli();
     test_bench_shapes();
+    test_bench_run();
     if (gpu) {
         test_rmsnorm(1);
         test_matmul(1);

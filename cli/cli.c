@@ -54,7 +54,7 @@ static void usage(FILE *f) {
         "  --bench-ctx T           --bench attention/stages/context: cached positions (default TMAX; TMAX/2,\n"
         "                          at most TMAX - 8; TMAX - 64, or TMAX - 32 when TMAX <= 64)\n"
         "  --bench-batch B         --bench context: sequences decoded together (default 1)\n"
-        "  --bench-every N         --bench positions: step between positions (default 64)\n"
+        "  --bench-every N         --bench positions: step between positions (default 64, less for TMAX < 68)\n"
         "  --csv FILE              --bench: also write the table as CSV\n"
         "  -h, --help              this text\n");
     /* Which binary this is: make debug's -O0 build (./kvt-debug, for gdb) runs
@@ -273,6 +273,8 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
         if (rules[i].bad) { kvt_fail(KVT_EARG, "%s", rules[i].why); return 0; }
     if (!cli_gave(a, "--chunk") && a->o.CH > TMAX) a->o.CH = TMAX; /* the default 16, for TMAX < 16 */
     if (!cli_gave(a, "--prompt-tokens")) a->prompt_tokens = TMAX / 2 < 8 ? (TMAX / 2 > 1 ? TMAX / 2 : 1) : 8;
+    if (!cli_gave(a, "--bench-every") && a->bench_every + 4 > TMAX) /* the default 64: about 8 rows on a short */
+        a->bench_every = (TMAX - 4) / 8 > 1 ? (TMAX - 4) / 8 : 1;  /* model (a row times 4 positions from it) */
     if (!cli_gave(a, "--kv-group")) { /* the default G: 32, else 16 (the CPU's loops take 16 channels of one */
         a->o.kv_group = HS % 32 == 0 ? 32 : 16; /* scale at a time, §10), else HS's largest divisor below 32 */
         if (HS % a->o.kv_group) for (a->o.kv_group = 31; HS % a->o.kv_group; a->o.kv_group--) {}
