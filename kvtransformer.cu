@@ -56,6 +56,12 @@ static char kvt_errbuf[1024];
 
 const char *kvt_last_error(void) { return kvt_errbuf; }
 
+/* Errors a user can cause (a bad flag, a short file, a full pool) are values,
+ * not exits: kvt_fail formats the one line that explains it into kvt_errbuf
+ * and returns the status, every caller passes the status up unchanged, and
+ * only the command line (cli_fail, §20) prints the line and exits with 1. A
+ * library user (test.c, an embedding program) reads kvt_last_error() and can
+ * recover: nothing is left half-done. */
 static kvt_status kvt_fail(kvt_status st, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -64,6 +70,8 @@ static kvt_status kvt_fail(kvt_status st, const char *fmt, ...) {
     return st;
 }
 
+/* A broken invariant inside this program (KVT_ASSERT, a CUDA call that
+ * failed) is a bug, not an input error: say where, and stop. */
 static void kvt_fatal(const char *file, int line, const char *fmt, ...) {
     va_list ap;
     fprintf(stderr, "[KVT ERROR] %s:%d: ", file, line);
@@ -215,6 +223,10 @@ static int emu_nblocks;                  /* gridDim.x * gridDim.y */
 static float emu_shfl[2][KVT_MAX_THREADS]; /* exchange slots for shuffles */
 static _Thread_local int emu_shfl_parity;
 
+/* A block's threads are one OpenMP team, so a CUDA barrier is an OpenMP
+ * barrier: no thread of the team passes it before all have reached it. As on
+ * a GPU, a barrier that some threads skip (inside an `if` on threadIdx) hangs:
+ * the emulation keeps CUDA's rule instead of hiding its violation. */
 static void __syncthreads(void) {
     _Pragma("omp barrier")
 }
@@ -271,6 +283,8 @@ static void emu_block_begin(int b) {
     } while (0)
 
 /* The CUDA runtime calls we use, on host memory. */
+/* Device memory is host memory here, so a "device pointer" can be printed in
+ * gdb like any other, and buf_upload/buf_download are plain copies. */
 typedef int cudaError_t;
 #define cudaSuccess 0
 #define cudaErrorMemoryAllocation 2
@@ -345,6 +359,7 @@ static kvt_status buf_alloc(int gpu, void **p, size_t bytes, const char *what) {
     }
     return KVT_OK;
 }
+/* Free a buffer of either kind; NULL is fine (a half-built engine frees all). */
 static void buf_free(int gpu, void *p) {
     if (!p) return;
     if (gpu) KVT_CUDA(cudaFree(p));
@@ -355,6 +370,8 @@ static void buf_upload(int gpu, void *dst, const void *src, size_t bytes) {
     if (gpu) KVT_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
     else if (bytes) memcpy(dst, src, bytes);
 }
+/* Device -> host (a plain copy for a CPU buffer). cudaMemcpy waits for the
+ * kernels before it, so a download is also where the host syncs with the GPU. */
 static void buf_download(int gpu, void *dst, const void *src, size_t bytes) {
     if (gpu) KVT_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     else if (bytes) memcpy(dst, src, bytes);
@@ -584,6 +601,7 @@ static uint64_t kvt_rng_u64(uint64_t *s) {
 static float kvt_rng_f32(uint64_t *s) { /* uniform in [0, 1) */
     return (float)(kvt_rng_u64(s) >> 40) / 16777216.0f;
 }
+/* x[i] = offset + scale * u, u uniform in [-1, 1), one stream in order. */
 static void kvt_fill_uniform(float *x, size_t n, float scale, float offset, uint64_t *s) {
     for (size_t i = 0; i < n; i++) x[i] = offset + scale * (2.0f * kvt_rng_f32(s) - 1.0f);
 }
@@ -679,6 +697,10 @@ static kvt_status kvt_model_upload(kvt_model *m) {
  * extension, and the CPU and GPU paths round identically (nearest, ties to even). */
 typedef union { float f; uint32_t u; } kvt_bits;
 
+/* float -> half, the spec: sign, 5 exponent bits (bias 15), 10 mantissa bits.
+ * Out of range -> inf; below 2^-14 the half is subnormal (no implicit 1), and
+ * the bits shifted out decide the rounding: more than half up, exactly half
+ * to the even neighbour. */
 KVT_HD uint16_t f32_to_f16(float f) {
     kvt_bits b;
     b.f = f;
@@ -698,6 +720,8 @@ KVT_HD uint16_t f32_to_f16(float f) {
     if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* a carry may bump the exponent: right */
     return (uint16_t)(sign | h);
 }
+/* half -> float is exact: rebias the exponent (15 -> 127) and widen the
+ * mantissa; subnormal halves are m * 2^-24, inf and nan keep their payload. */
 KVT_HD float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
     kvt_bits b;
@@ -770,6 +794,9 @@ static kvt_status pool_shape(kvt_pool *p, int gpu, int L, int NKV, int HS, int C
         st = kvt_bytes(scale_bytes, "the int8 KV scales", p->chunk_scales, sizeof(float), (size_t)n_chunks, 1);
     return st;
 }
+/* The pool's memory, in one piece per array (sizes from pool_shape, checked
+ * there): the chunks' data, int8 scales, and the host-side bookkeeping (free
+ * list, refcounts, prefix hashes). Every chunk starts on the free list. */
 static kvt_status pool_alloc(kvt_pool *p, size_t data_bytes, size_t scale_bytes) {
     int gpu = p->on_device, n_chunks = p->n_chunks;
     kvt_status st = buf_alloc(gpu, &p->data, data_bytes, "the KV cache pool");
@@ -807,6 +834,9 @@ static int pool_take(kvt_pool *p) { /* caller checked n_free > 0 */
     if (used > p->peak_used) p->peak_used = used;
     return id;
 }
+/* One holder fewer. A chunk returns to the free list only when its last
+ * holder lets go: a forked sequence's shared prefix stays while any fork
+ * still uses it. */
 static void pool_release(kvt_pool *p, int id) {
     KVT_ASSERT(id >= 0 && id < p->n_chunks && p->refcount[id] > 0);
     if (--p->refcount[id] == 0) {
@@ -1090,6 +1120,10 @@ static int kvt_blas_generic(void) {
     if (generic < 0) generic = !strcmp(openblas_get_corename(), "Prescott");
     return generic;
 }
+/* The CPU's matmul: the tile loop for decode and small batches (each weight
+ * row read once for up to 4 rows of x), OpenBLAS sgemm from KVT_SGEMM_ROWS
+ * rows on, where its blocking for the caches wins (the crossover table in
+ * README.md, `--bench matmul`). */
 static void matmul_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
     if (n >= KVT_SGEMM_ROWS && !kvt_blas_generic()) matmul_sgemm_cpu(out, x, w, n, k, d);
     else matmul_rows_cpu(out, x, w, n, k, d);
@@ -1182,6 +1216,10 @@ KVT_HD void rope_rotate(float *v, float cs, float sn) { /* v[0], v[1]: one chann
     v[0] = x0 * cs - x1 * sn;
     v[1] = x0 * sn + x1 * cs;
 }
+/* Each row's angle for channel pair i is its position times freq[i] (the
+ * table of rope_freqs, computed once per engine); one cos/sin pair serves
+ * every query head and every kv head of the row. Only the row's own position
+ * matters: a cached K was rotated once, when it was written. */
 static void rope_cpu(float *q, float *k, const float *freq, const int *row_pos, int n, int NH, int NKV, int HS) {
 #pragma omp parallel for if (n > 8)
     for (int r = 0; r < n; r++)
@@ -1281,6 +1319,9 @@ KVT_HD float kv_dot(const kvt_kv *kv, size_t i, const float *q, int HS) {
     }
     return s;
 }
+/* acc (HS) += w * the stored row at element i, decoded like kv_dot: the
+ * attention's weighted sum of V, one row at a time (the spec; §12's CPU loop
+ * does many rows per pass). */
 KVT_HD void kv_axpy(const kvt_kv *kv, size_t i, float w, float *acc, int HS) {
     if (kv->dtype == KVT_FP32) {
         const float *v = (const float *)kv->data + i;
@@ -1956,6 +1997,17 @@ struct kvt_engine {
  *    (~32 MB of logits for V = 32000); sgemm needs a few hundred rows to reuse
  *    each weight enough (measured: 960 tokens prefill 1.3x faster than with 64);
  *  - prefix reuse on: free when nothing matches, a big saving when it does. */
+/* The int8 group size for head size HS when the caller chose none (0): 32,
+ * else 16 when it divides HS (the CPU's loops take 16 channels of one scale
+ * at a time, §10), else HS's largest divisor below 32 (HS 40 -> 20, HS 8 -> 8). */
+int kvt_kv_group_auto(int HS) {
+    if (HS % 32 == 0) return 32;
+    if (HS % 16 == 0) return 16;
+    int G = HS < 31 ? HS : 31;
+    while (HS % G) G--;
+    return G;
+}
+
 void kvt_options_default(kvt_options *o) {
     memset(o, 0, sizeof(*o));
 #ifdef __CUDACC__
@@ -1970,7 +2022,7 @@ void kvt_options_default(kvt_options *o) {
     o->n_chunks = 0;
     o->max_seqs = 1;
     o->kv_dtype = KVT_FP32;
-    o->kv_group = 32;
+    o->kv_group = 0; /* automatic: kvt_kv_group_auto */
     o->split_len = 0;
     o->max_rows = 256;
     o->prefix_reuse = 1;
@@ -2000,13 +2052,19 @@ void kvt_engine_free(kvt_engine *e) {
  * (GPU), make the pool and the scratch buffers. Everything a forward call will
  * ever need is allocated here, so a forward never allocates (and never fails
  * for lack of memory halfway through). */
+/* An engine: one model with one set of options (cache type, chunk size,
+ * attention, device), its KV pool and its scratch buffers. In order: every
+ * option checked against the model; every size computed with overflow
+ * checks; one check that all of it fits in memory (kvt_mem_check); only then
+ * the allocations, so a failure leaves nothing behind. Sequences are created
+ * separately (kvt_seq_init) and hold only chunk ids of this engine's pool. */
 kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *o) {
     *out = NULL;
     const kvt_config *c = &m->c;
     int HS = m->head_size, TMAX = c->seq_len;
     if (o->CH < 1 || o->CH > TMAX)
         return kvt_fail(KVT_EARG, "--chunk %d is out of range [1, %d] (1 to the model's context TMAX)", o->CH, TMAX);
-    if (o->kv_dtype == KVT_INT8 && (o->kv_group < 1 || HS % o->kv_group))
+    if (o->kv_dtype == KVT_INT8 && (o->kv_group < 0 || (o->kv_group > 0 && HS % o->kv_group)))
         return kvt_fail(KVT_EARG, "--kv-group %d must divide the head size HS = %d", o->kv_group, HS);
     if (o->max_seqs < 1 || o->max_seqs > KVT_MAX_SEQS)
         return kvt_fail(KVT_EARG, "max_seqs %d is out of range [1, %d]", o->max_seqs, KVT_MAX_SEQS);
@@ -2032,6 +2090,7 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
     if (!e) return kvt_fail(KVT_ENOMEM, "host out of memory (engine)");
     e->m = m;
     e->o = *o;
+    if (e->o.kv_group == 0) e->o.kv_group = kvt_kv_group_auto(HS); /* the caller left it to us */
     if (o->device == KVT_GPU && !kvt_gpu_available()) {
         static int said = 0;
         if (!said) fprintf(stderr, "[kvt] no CUDA device found: running on the CPU\n");
@@ -2071,7 +2130,7 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
     const int n_bufs = (int)(sizeof(b) / sizeof(b[0])), n_dev = n_bufs - 5; /* the first n_dev: engine's device */
     size_t pool_data = 0, pool_scales = 0;
     kvt_status st = pool_shape(&e->pool, e->gpu, c->n_layers, c->n_kv_heads, HS, o->CH, n_chunks, o->kv_dtype,
-                               o->kv_group, &pool_data, &pool_scales);
+                               e->o.kv_group, &pool_data, &pool_scales);
     for (int i = 0; i < n_bufs && st == KVT_OK; i++) {
         char what[64];
         snprintf(what, sizeof(what), "the scratch buffer %s", b[i].name);
@@ -2119,6 +2178,7 @@ void kvt_seq_reset(kvt_engine *e, kvt_seq *s) {
     s->n_table = 0;
     s->len = 0;
 }
+/* Give the chunks back (kvt_seq_reset) and free the handle's own arrays. */
 void kvt_seq_free(kvt_engine *e, kvt_seq *s) {
     if (s->table) kvt_seq_reset(e, s);
     free(s->table);
@@ -2258,7 +2318,9 @@ static kvt_status check_tokens(const kvt_engine *e, const int *tokens, int n) {
 /* The public forward: check everything first, so that an error leaves the
  * sequence and the pool exactly as they were; then reuse a cached prefix (a
  * new sequence only), take the chunks, run the rows in pieces of max_rows,
- * and only then append the tokens to the sequence. */
+ * and only then append the tokens to the sequence. So in a debugger, during
+ * a prefill s->len is still 0: the rows' positions are in e->h_pos, and the
+ * chunks already taken in s->table[0 .. n_table). */
 kvt_status kvt_forward(kvt_engine *e, kvt_seq *s, const int *tokens, int n, float *logits, int all_logits) {
     int TMAX = e->m->c.seq_len, V = e->m->c.vocab_size, share = e->o.prefix_reuse && e->o.kv_cache;
     kvt_pool *p = &e->pool;
@@ -2429,6 +2491,8 @@ struct kvt_prob { float p; int id; };
 static int piece_cmp(const void *a, const void *b) {
     return strcmp(((const struct kvt_piece *)a)->str, ((const struct kvt_piece *)b)->str);
 }
+/* The id of a vocabulary piece, or -1: binary search in the pieces sorted
+ * once at load time (encoding looks up every candidate merge). */
 static int tok_lookup(const kvt_tokenizer *t, const char *str) {
     struct kvt_piece key = {(char *)str, 0};
     const struct kvt_piece *hit = (const struct kvt_piece *)bsearch(&key, t->sorted, (size_t)t->vocab_size,
@@ -2595,6 +2659,9 @@ static int cand_before(const bpe_cand *a, const bpe_cand *b) {
     return a->score > b->score || (a->score == b->score && a->l < b->l);
 }
 
+/* A binary heap of merge candidates, best (highest score, then leftmost) on
+ * top: push and pop are O(log n), so encoding n characters is O(n log n)
+ * instead of rescanning all pairs after every merge. */
 static void heap_push(bpe_heap *h, bpe_cand c) {
     if (h->n == h->cap) { /* at most n - 1 first pairs and 2 per merge, usually far fewer at once */
         h->cap = 2 * h->cap + 16;

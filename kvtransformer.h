@@ -157,13 +157,14 @@ typedef struct {
     int n_chunks;     /* pool size; 0 = enough for max_seqs full sequences */
     int max_seqs;     /* sequences that may be live at once (default 1) */
     kvt_dtype kv_dtype;
-    int kv_group;     /* G for int8 (must divide HS) */
+    int kv_group;     /* G for int8 (must divide HS); 0 = automatic (kvt_kv_group_auto: 32, 16, or HS's largest divisor < 32) */
     int split_len;    /* fused attention (CPU and GPU): positions per split; 0 = automatic, -1 = never */
     int max_rows;     /* most rows per forward call (longer prefills are cut) */
     int prefix_reuse; /* 1: a new sequence reuses full chunks of a live one with the same prefix */
 } kvt_options;
 
 void kvt_options_default(kvt_options *o);
+int kvt_kv_group_auto(int HS); /* the int8 group an engine picks for head size HS when kv_group is 0 */
 
 typedef struct kvt_engine kvt_engine; /* opaque; defined in kvtransformer.cu */
 

@@ -12,6 +12,7 @@
 #pragma GCC diagnostic ignored "-Wunused-function" /* the runners that only main calls */
 #endif
 #include "kvtransformer.cu"
+#include <unistd.h> /* getpid: the tests' temporary file names */
 
 /* Tolerances, each relative to the largest |value| of the reference:
  * TOL_OP: one fp32 op (a dot product of <= 512 terms) against float64: fp32
@@ -1272,7 +1273,7 @@ static void test_bad_input(void) {
 /* Run kvt with args (through the shell: redirections work) and keep the
  * first cap - 1 bytes of stdout + stderr; returns the exit status (-1: not run). */
 static int cli_run(const char *args, char *out, size_t cap) {
-    char cmd[1024];
+    char cmd[4096];
     snprintf(cmd, sizeof(cmd), "%s %s 2>&1", kvt_bin, args);
     out[0] = '\0';
     FILE *p = popen(cmd, "r");
@@ -1326,6 +1327,252 @@ static void write_text(const char *path, const char *text, size_t len) {
     KVT_ASSERT(f);
     fwrite(text, 1, len, f);
     fclose(f);
+}
+/* Issue 14, item 4: an API user who leaves kv_group at its default (0) gets
+ * an engine for any head size, with the group picked by hand-checked rule:
+ * 32 if it divides HS, else 16, else HS's largest divisor below 32. The int8
+ * logits of one step stay close to fp32's (so the group was really used). */
+/* Issue 14: --tokens, --dump-logits, --dump-tokens, and Hugging Face models. */
+
+/* A whole binary file (NULL if it cannot be read); *bytes its size. */
+static char *read_all(const char *path, size_t *bytes) {
+    char *data = NULL;
+    return kvt_read_file(path, "test file", &data, bytes) == KVT_OK ? data : NULL;
+}
+/* The integers of a text file, one per line or space-separated; returns the count. */
+static int read_ints(const char *path, int *out, int cap) {
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    while (f && n < cap && fscanf(f, "%d", &out[n]) == 1) n++;
+    if (f) fclose(f);
+    return n;
+}
+/* The integer array after "key": [ in a JSON text (a flat list; enough for expected.json). */
+static int json_ints(const char *json, const char *key, int *out, int cap) {
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\": [", key);
+    const char *p = strstr(json, pat);
+    int n = 0;
+    if (!p) return 0;
+    p += strlen(pat);
+    while (n < cap) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        out[n++] = (int)v;
+        p = end;
+        while (*p == ',' || *p == ' ' || *p == '\n') p++;
+    }
+    return n;
+}
+/* "1,22,56": ids as a --tokens value */
+static void ids_arg(char *buf, size_t cap, const int *ids, int n) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && k < cap; i++) k += (size_t)snprintf(buf + k, cap - k, i ? ",%d" : "%d", ids[i]);
+}
+/* Rows of logits, each within tol * (that row's largest |want|) of want. */
+static int rows_close(const float *got, const float *want, int rows, int V, double tol, double *worst) {
+    int ok = 1;
+    *worst = 0.0;
+    for (int r = 0; r < rows; r++) {
+        double mx = 0.0, err = 0.0;
+        for (int v = 0; v < V; v++) {
+            mx = fmax(mx, fabs(want[(size_t)r * V + v]));
+            err = fmax(err, fabs((double)got[(size_t)r * V + v] - want[(size_t)r * V + v]));
+        }
+        if (!(err <= tol * mx)) ok = 0; /* NaN fails */
+        *worst = fmax(*worst, mx > 0 ? err / mx : err);
+    }
+    return ok;
+}
+
+/* --tokens and the dumps on a llama2.c checkpoint (the default model), against
+ * PyTorch's logits for the same ids (weights/testvec.txt, computed by
+ * weights/train.py: independent of this program), cache on and off. */
+static void test_dump_logits(void) {
+    FILE *f = fopen(kvt_bin, "rb"), *tv = fopen("weights/testvec.txt", "r");
+    if (!f || !tv) {
+        if (f) fclose(f);
+        if (tv) fclose(tv);
+        skip("--dump-logits vs PyTorch (needs ./kvt and weights/testvec.txt)");
+        return;
+    }
+    fclose(f);
+    kvt_model m;
+    KVT_ASSERT(kvt_model_load(&m, "weights/model.bin") == KVT_OK);
+    int V = m.c.vocab_size, nt = 0, toks[64], steps = 3;
+    kvt_model_free(&m);
+    KVT_ASSERT(fscanf(tv, "%d", &nt) == 1 && nt > 0 && nt <= 64);
+    for (int i = 0; i < nt; i++) KVT_ASSERT(fscanf(tv, "%d", &toks[i]) == 1);
+    float *want = (float *)kvt_malloc((size_t)nt * V * 4);
+    for (int i = 0; i < nt * V; i++) KVT_ASSERT(fscanf(tv, "%f", &want[i]) == 1);
+    fclose(tv);
+    char ids[512], args[1024], out[4096], lpath[64], tpath[64];
+    snprintf(lpath, sizeof(lpath), "/tmp/kvt_dump_%d.f32", (int)getpid());
+    snprintf(tpath, sizeof(tpath), "/tmp/kvt_dump_%d.txt", (int)getpid());
+    ids_arg(ids, sizeof(ids), toks, nt);
+    float *rows[2] = {NULL, NULL};
+    for (int off = 0; off < 2; off++) {
+        snprintf(args, sizeof(args), "--tokens %s -n %d -t 0 --kv-cache %s --dump-logits %s --dump-tokens %s", ids,
+                 steps, off ? "off" : "on", lpath, tpath);
+        int rc = cli_run(args, out, sizeof(out));
+        size_t bytes = 0;
+        rows[off] = (float *)read_all(lpath, &bytes);
+        int fed[80], nf = read_ints(tpath, fed, 80), same = nf == nt + steps;
+        for (int i = 0; i < nt && same; i++) same = fed[i] == toks[i];
+        double worst = 0.0;
+        int ok = rc == 0 && rows[off] && bytes == (size_t)(nt + steps - 1) * V * 4 &&
+                 rows_close(rows[off], want, nt, V, KVT_TOL_GPU, &worst);
+        expect(ok && same, "--dump-logits, cache %s: %zu bytes = (%d prompt + %d decode rows) x V %d floats; prompt rows "
+               "vs PyTorch within %.1e of each row's max |logit| (worst %.2e); --dump-tokens: %d ids fed + 1 chosen",
+               off ? "off" : "on", bytes, nt, steps - 1, V, KVT_TOL_GPU, worst, nt + steps - 1);
+    }
+    if (rows[0] && rows[1]) { /* the decode rows: cache on (one new row) vs off (all recomputed) */
+        double worst = 0.0;
+        expect(rows_close(rows[0] + (size_t)nt * V, rows[1] + (size_t)nt * V, steps - 1, V, TOL_E2E, &worst),
+               "--dump-logits decode rows, cache on vs off: within TOL_E2E = %.0e (worst %.2e)", TOL_E2E, worst);
+    }
+    free(rows[0]);
+    free(rows[1]);
+    free(want);
+    cli_expect("--tokens 1,22,x -n 1", 0, "--tokens '1,22,x': item 3 is not a token id");
+    cli_expect("--tokens 1,22,9999 -n 1", 0, "--tokens: id 9999 (item 3) is out of range [0, 67]");
+    cli_expect("--tokens 1,-2 -n 1", 0, "id -2 (item 2) is out of range");
+    cli_expect("--tokens 1,2 -i ROMEO", 0, "--tokens gives the prompt as token ids: drop -i");
+    cli_expect("--tokens 1,2 -n 1 --dump-logits /nonexistent-dir/x.f32", 0, "--dump-logits: cannot write "
+               "'/nonexistent-dir/x.f32'");
+    cli_expect("--fork 2 -n 1 --dump-tokens /tmp/x.txt", 0, "--dump-logits and --dump-tokens record one sequence");
+    remove(lpath);
+    remove(tpath);
+}
+
+/* weights/hf-tiny (made by weights/make_hf_fixture.py with transformers):
+ * export it with weights/export_hf.py, run kvt on transformers' greedy
+ * sequence with the cache on and off, and compare every position's logits
+ * and every chosen token; encode a sample text and compare the ids with
+ * transformers' tokenizer. Then the exporter must refuse what the format
+ * cannot hold, naming the field. */
+static void test_hf_export(void) {
+    size_t jb = 0, lb = 0;
+    char *json = read_all("weights/hf-tiny/expected.json", &jb);
+    FILE *f = fopen(kvt_bin, "rb");
+    if (f) fclose(f);
+    if (!json || !f || system("python3 -c 'import json, struct' > /dev/null 2>&1") != 0) {
+        free(json);
+        skip("Hugging Face export (needs ./kvt, python3 and weights/hf-tiny)");
+        return;
+    }
+    int prompt[64], greedy[128], sample[256], V[1];
+    int np = json_ints(json, "prompt", prompt, 64), ng = json_ints(json, "greedy", greedy, 128);
+    int ns = json_ints(json, "sample_ids", sample, 256);
+    const char *vs = strstr(json, "\"vocab_size\": ");
+    V[0] = vs ? atoi(vs + 14) : 0;
+    char *sample_text = NULL, *st = strstr(json, "\"sample_text\": \"");
+    if (st) {
+        st += 16;
+        sample_text = strndup(st, (size_t)(strchr(st, '"') - st));
+    }
+    float *want = (float *)read_all("weights/hf-tiny/logits.f32", &lb);
+    KVT_ASSERT(np > 0 && ng > np && ns > 0 && V[0] > 258 && sample_text && want &&
+               lb == (size_t)(ng - 1) * V[0] * 4);
+    char dir[64], cmd[1024], args[2048], ids[512], out[4096];
+    snprintf(dir, sizeof(dir), "/tmp/kvt_hf_%d", (int)getpid());
+    snprintf(cmd, sizeof(cmd), "mkdir -p %s && python3 weights/export_hf.py weights/hf-tiny %s/model.bin "
+             "%s/tokenizer.bin > %s/export.log 2>&1", dir, dir, dir, dir);
+    int ok = system(cmd) == 0;
+    expect(ok, "weights/export_hf.py exports weights/hf-tiny (bf16, 2 shards, GQA, untied, byte-fallback BPE)");
+    ids_arg(ids, sizeof(ids), prompt, np);
+    for (int off = 0; off < 2 && ok; off++) {
+        snprintf(args, sizeof(args), "-m %s/model.bin -z %s/tokenizer.bin --tokens %s -n %d -t 0 --kv-cache %s "
+                 "--dump-logits %s/l.f32 --dump-tokens %s/t.txt", dir, dir, ids, ng - np, off ? "off" : "on", dir, dir);
+        int rc = cli_run(args, out, sizeof(out));
+        char path[128];
+        snprintf(path, sizeof(path), "%s/l.f32", dir);
+        size_t bytes = 0;
+        float *got = (float *)read_all(path, &bytes);
+        snprintf(path, sizeof(path), "%s/t.txt", dir);
+        int fed[160], nf = read_ints(path, fed, 160), same = nf == ng;
+        for (int i = 0; i < ng && same; i++) same = fed[i] == greedy[i];
+        double worst = 0.0;
+        int close = rc == 0 && got && bytes == lb && rows_close(got, want, ng - 1, V[0], 1e-4, &worst);
+        expect(close && same, "HF model, cache %s: %d positions' logits within 1e-4 of each position's max |logit| "
+               "of transformers' (worst %.2e); greedy tokens equal transformers' (%d)", off ? "off" : "on", ng - 1,
+               worst, ng - np);
+        free(got);
+    }
+    if (ok) { /* the tokenizer: kvt's encoding of the sample = transformers' */
+        snprintf(args, sizeof(args), "-m %s/model.bin -z %s/tokenizer.bin -i '%s' -n 1 -t 0 --dump-tokens %s/s.txt",
+                 dir, dir, sample_text, dir);
+        int rc = cli_run(args, out, sizeof(out));
+        char path[128];
+        snprintf(path, sizeof(path), "%s/s.txt", dir);
+        int got[300], n = read_ints(path, got, 300), same = rc == 0 && n == ns + 1;
+        for (int i = 0; i < ns && same; i++) same = got[i] == sample[i];
+        expect(same, "HF tokenizer: '%s' encodes to transformers' %d ids (byte fallback for the characters the "
+               "vocabulary lacks)", sample_text, ns);
+    }
+    /* refusals: a copy of the fixture with one field changed */
+    const char *bad[][3] = {
+        {"config.json", "c['rope_theta'] = 500000.0", "rope_theta"},
+        {"config.json", "c['rms_norm_eps'] = 1e-6", "rms_norm_eps"},
+        {"config.json", "c['rope_scaling'] = {'type': 'linear', 'factor': 2.0}", "rope_scaling"},
+        {"config.json", "c['hidden_act'] = 'gelu'", "hidden_act"},
+        {"config.json", "c['attention_bias'] = True", "attention_bias"},
+        {"tokenizer.json", "c['model']['byte_fallback'] = False", "byte_fallback"},
+    };
+    for (int i = 0; i < 6 && ok; i++) {
+        snprintf(cmd, sizeof(cmd), "rm -rf %s/bad && cp -r weights/hf-tiny %s/bad && python3 -c \"import json; "
+                 "p = '%s/bad/%s'; c = json.load(open(p)); %s; json.dump(c, open(p, 'w'))\" && "
+                 "python3 weights/export_hf.py %s/bad %s/bad.bin %s/bad_tok.bin > %s/bad.log 2>&1",
+                 dir, dir, dir, bad[i][0], bad[i][1], dir, dir, dir, dir);
+        int rc = system(cmd);
+        snprintf(cmd, sizeof(cmd), "%s/bad.log", dir);
+        size_t n = 0;
+        char *log = read_all(cmd, &n);
+        expect(rc != 0 && log && contains(log, bad[i][2]) && !contains(log, "Traceback"),
+               "export_hf.py refuses %s (%s): '%.120s'", bad[i][0], bad[i][1], log ? strtok(log, "\n") : "");
+        free(log);
+    }
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("    (could not remove %s)\n", dir);
+    free(sample_text);
+    free(want);
+    free(json);
+}
+
+static void test_kv_group_default(void) {
+    struct { int HS, G; } want[] = {{16, 16}, {40, 20}, {48, 16}, {64, 32}, {8, 8}};
+    for (int i = 0; i < 5; i++) {
+        kvt_model m;
+        KVT_ASSERT(kvt_model_random(&m, cfg(2 * want[i].HS, 1, 2, 1, 64, 50, 32), 3) == KVT_OK);
+        kvt_options o;
+        kvt_options_default(&o);
+        o.device = KVT_CPU;
+        float lg[2][50];
+        int toks[4] = {1, 7, 22, 9}, G = -1, ok = 1;
+        for (int dt = 0; dt < 2 && ok; dt++) {
+            o.kv_dtype = dt ? KVT_INT8 : KVT_FP32;
+            kvt_engine *e;
+            kvt_seq sq;
+            ok = kvt_engine_create(&e, &m, &o) == KVT_OK;
+            if (!ok) break;
+            if (dt) G = e->pool.G;
+            kvt_seq_init(e, &sq);
+            ok = kvt_forward(e, &sq, toks, 4, lg[dt], 0) == KVT_OK;
+            kvt_seq_free(e, &sq);
+            kvt_engine_free(e);
+        }
+        double err = 0.0, top = 0.0;
+        for (int v = 0; ok && v < 50; v++) {
+            err = fmax(err, fabs(lg[1][v] - lg[0][v]));
+            top = fmax(top, fabs(lg[0][v]));
+        }
+        expect(ok && G == want[i].G && err <= 0.05 * top,
+               "engine with kv_group left at 0, HS %d: int8 group %d (want %d), logits within %.3g of fp32's (max %.3g)%s%s",
+               want[i].HS, G, want[i].G, err, top, ok ? "" : ": ", ok ? "" : kvt_last_error());
+        kvt_model_free(&m);
+    }
 }
 static void test_hardening(void) {
     FILE *probe = fopen(kvt_bin, "rb");
@@ -2430,7 +2677,10 @@ int main(int argc, char **argv) {
     test_sampler();
     test_default_model();
     test_hardening();
+    test_kv_group_default();
     test_cli();
+    test_dump_logits();
+    test_hf_export();
     test_bench_shapes();
     test_bench_run();
     if (gpu) {

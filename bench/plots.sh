@@ -29,6 +29,7 @@ $common
 set output '$OUT/positions.png'
 set multiplot layout 1,2 title "Random model, $(shape "${MODEL15:---random 288,6,6,6,768,32000,1024}"), chunk 16, on the CPU\n{/*0.8 $caption}"
 set xlabel 'position of the generated token'; set ylabel 'ms per generated token'; set yrange [0:*]
+set xtics 200
 set title 'cost of one token: linear in T without the cache'
 plot '$OUT/positions_fp32.csv' using 1:5:6:7 skip 1 with yerrorlines linestyle 1 title 'cache off', \
      '$OUT/positions_fp32.csv' using 1:2:3:4 skip 1 with yerrorlines linestyle 2 title 'cache on, fp32', \
@@ -46,13 +47,14 @@ $common
 set output '$OUT/context.png'
 set multiplot layout 1,2 title "Random model, $(shape "${MODEL110:---random 768,12,12,12,2048,32000,4096}"), chunk 16, 4 sequences, on the CPU\n{/*0.8 $caption}"
 set xlabel 'context (positions cached per sequence)'; set ylabel 'decode tokens/s (4 sequences)'; set yrange [0:*]
+set xtics 1000
 set title 'decode speed; dashed: bytes read per step / bandwidth'; set key top right
 d = 'fp32 fp16 int8'
 plot for [i=1:3] '$OUT/context_curve.csv' using 3:(strcol(1) eq word(d,i) ? \$7 : 1/0):8:9 skip 1 \
        with yerrorlines linestyle i+1 title word(d,i).' cache', \
      for [i=1:3] '$OUT/context_curve.csv' using 3:(strcol(1) eq word(d,i) ? \$13 : 1/0) skip 1 \
        with lines linestyle i+1 dashtype 2 notitle
-set ylabel 'decode tokens/s over fp32 cache'; set title 'smaller cache types against fp32'; set key top left
+set ylabel 'decode tokens/s over fp32 cache'; set title 'smaller cache types against fp32'; set key bottom right
 plot '$OUT/context_ratio.csv' using 1:2:3:4 skip 1 with yerrorlines linestyle 3 title 'fp16 / fp32', \
      '$OUT/context_ratio.csv' using 1:5:6:7 skip 1 with yerrorlines linestyle 4 title 'int8 / fp32', \
      1 with lines linecolor rgb '#888888' dashtype 3 notitle

@@ -25,6 +25,9 @@ static void usage(FILE *f) {
         "  --prompt-tokens N       --random: a prompt of N made-up token ids (default 8, at most TMAX / 2)\n"
         "  -i, --prompt TEXT       prompt (default \"ROMEO:\")\n"
         "  --prompts FILE          one prompt per line, all decoded as one batch\n"
+        "  --tokens ID,ID,...      the prompt as token ids (any model; each in [0, V)), instead of -i\n"
+        "  --dump-logits FILE      write every forward position's logits: float32 little-endian, [positions][V]\n"
+        "  --dump-tokens FILE      write the token ids fed, then the last one chosen, one per line\n"
         "  --fork N                N continuations of the prompt (seeds seed, seed+1, ...), sharing its cache\n"
         "  --fork-share on|off     off: each --fork continuation computes and stores the prompt itself\n"
         "  --prefix-cache on|off   reuse cached chunks of a live sequence with the same prompt prefix (default on)\n"
@@ -32,7 +35,8 @@ static void usage(FILE *f) {
         "  -t, --temperature F     0 = greedy (default 0.8); below 1e-6 counts as 0 (greedy)\n"
         "  -p, --topp F            nucleus sampling threshold in (0, 1] (default 0.9)\n"
         "  -s, --seed N            sampling seed (default 42)\n"
-        "  --kv-cache on|off       off: every step recomputes the whole sequence (default on)\n"
+        "  --kv-cache on|off       off: every step recomputes the whole sequence (default on); its K/V\n"
+        "                          still pass through the cache, so --kv-dtype rounds them either way\n"
         "  --chunk CH              positions per cache chunk, 1..TMAX (default 16, or TMAX if smaller;\n"
         "                          TMAX = contiguous)\n"
         "  --chunks N              chunks in the pool (default: enough for every sequence at TMAX)\n"
@@ -136,7 +140,7 @@ static int arg_choice(const char *flag, const char *s, const char *const *names,
 typedef struct {
     int argc;      /* the command line, for cli_gave */
     char **argv;
-    const char *model, *tokenizer, *prompt, *ppl, *bench, *csv, *prompts;
+    const char *model, *tokenizer, *prompt, *ppl, *bench, *csv, *prompts, *tokens, *dump_logits, *dump_tokens;
     int random, steps, stats, check, bench_every, bench_ctx, bench_batch, fork, prompt_tokens, fork_share;
     kvt_config rc;
     double temperature, topp, ppl_from;
@@ -167,6 +171,9 @@ static const cli_flag cli_flags[] = {
     {"-i", "--prompt", ARG_STR, AT(prompt), 0, 0, NULL},
     {"--prompt-tokens", NULL, ARG_INT, AT(prompt_tokens), 1, KVT_LIMIT_SEQ, NULL},
     {"--prompts", NULL, ARG_STR, AT(prompts), 0, 0, NULL},
+    {"--tokens", NULL, ARG_STR, AT(tokens), 0, 0, NULL},
+    {"--dump-logits", NULL, ARG_STR, AT(dump_logits), 0, 0, NULL},
+    {"--dump-tokens", NULL, ARG_STR, AT(dump_tokens), 0, 0, NULL},
     {"--fork", NULL, ARG_INT, AT(fork), 1, KVT_MAX_SEQS, NULL},
     {"--fork-share", NULL, ARG_CHOICE, AT(fork_share), 0, 0, arg_onoff},
     {"--prefix-cache", NULL, ARG_CHOICE, AT(o.prefix_reuse), 0, 0, arg_onoff},
@@ -268,6 +275,10 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
         {(cli_gave(a, "--bench-ctx") || cli_gave(a, "--bench-batch") || cli_gave(a, "--bench-every"))
          && !a->bench, "--bench-ctx, --bench-batch and --bench-every need --bench"},
         {cli_gave(a, "--fork-share") && a->fork < 2, "--fork-share needs --fork N with N >= 2"},
+        {a->tokens && (gave_prompt || a->prompts || cli_gave(a, "--prompt-tokens")),
+         "--tokens gives the prompt as token ids: drop -i, --prompts and --prompt-tokens"},
+        {(a->dump_logits || a->dump_tokens) && (a->prompts || fork || a->ppl || a->bench),
+         "--dump-logits and --dump-tokens record one sequence's run: drop --prompts, --fork, --ppl and --bench"},
     };
     for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
         if (rules[i].bad) { kvt_fail(KVT_EARG, "%s", rules[i].why); return 0; }
@@ -275,10 +286,7 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
     if (!cli_gave(a, "--prompt-tokens")) a->prompt_tokens = TMAX / 2 < 8 ? (TMAX / 2 > 1 ? TMAX / 2 : 1) : 8;
     if (!cli_gave(a, "--bench-every") && a->bench_every + 4 > TMAX) /* the default 64: about 8 rows on a short */
         a->bench_every = (TMAX - 4) / 8 > 1 ? (TMAX - 4) / 8 : 1;  /* model (a row times 4 positions from it) */
-    if (!cli_gave(a, "--kv-group")) { /* the default G: 32, else 16 (the CPU's loops take 16 channels of one */
-        a->o.kv_group = HS % 32 == 0 ? 32 : 16; /* scale at a time, §10), else HS's largest divisor below 32 */
-        if (HS % a->o.kv_group) for (a->o.kv_group = 31; HS % a->o.kv_group; a->o.kv_group--) {}
-    }
+    if (!cli_gave(a, "--kv-group")) a->o.kv_group = kvt_kv_group_auto(HS); /* the engine's default, made explicit */
     return 1;
 }
 
@@ -410,13 +418,34 @@ static int cli_fail(const char *what) {
     return 1;
 }
 
+/* --tokens 1,403,407: the prompt as token ids, for any model (a checkpoint's
+ * own tokenizer is not needed), each checked against the vocabulary. */
+static kvt_status parse_tokens(const char *s, int V, int TMAX, int *out, int *n) {
+    *n = 0;
+    for (const char *p = s;;) {
+        char *end;
+        errno = 0;
+        long id = strtol(p, &end, 10);
+        if (end == p || errno || (*end && *end != ','))
+            return kvt_fail(KVT_EARG, "--tokens '%s': item %d is not a token id (give integers separated by commas)",
+                            s, *n + 1);
+        if (id < 0 || id >= V)
+            return kvt_fail(KVT_EARG, "--tokens: id %ld (item %d) is out of range [0, %d]: this model's vocab_size is %d",
+                            id, *n + 1, V - 1, V);
+        if (*n == TMAX) return kvt_fail(KVT_ECONTEXT, "--tokens: more than TMAX = %d ids", TMAX);
+        out[(*n)++] = (int)id;
+        if (!*end) return KVT_OK;
+        p = end + 1;
+    }
+}
+
 /* One sequence: prefill the prompt, then sample -n tokens, printing as we go.
  * With --check a CPU engine runs the same steps and every step's logits are
  * compared. */
 static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cli *a, const int *prompt, int np) {
     /* hist holds the whole sequence so far: kvt_step feeds what the cache lacks
      * (everything after a reset when the cache is off, else the newest token). */
-    int V = m->c.vocab_size, TMAX = m->c.seq_len, ok = 1;
+    int V = m->c.vocab_size, TMAX = m->c.seq_len, ok = 1, stop = -1; /* stop: a BOS/EOS that ended the run */
     kvt_engine *ref = NULL;
     kvt_status st = KVT_OK;
     if (a->check) { /* the reference: the same options on the CPU */
@@ -430,6 +459,18 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
         if ((st = kvt_engine_create(&ref, m, &ro)) != KVT_OK) return cli_fail("");
         fprintf(stderr, "[check] %s against the CPU reference, tolerance KVT_TOL_GPU = %.0e\n", kvt_gpu_name(), KVT_TOL_GPU);
     }
+    /* --dump-logits / --dump-tokens: opened before anything runs, so a path
+     * that cannot be written is reported first */
+    FILE *dl = NULL, *dt = NULL;
+    if (a->dump_logits && !(dl = fopen(a->dump_logits, "wb")))
+        st = kvt_fail(KVT_EIO, "--dump-logits: cannot write '%s': %s", a->dump_logits, strerror(errno));
+    if (st == KVT_OK && a->dump_tokens && !(dt = fopen(a->dump_tokens, "w")))
+        st = kvt_fail(KVT_EIO, "--dump-tokens: cannot write '%s': %s", a->dump_tokens, strerror(errno));
+    if (st != KVT_OK) {
+        if (dl) fclose(dl);
+        kvt_engine_free(ref);
+        return cli_fail("");
+    }
     int *hist = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
     float *logits = (float *)kvt_malloc((size_t)V * sizeof(float)), *ref_logits = (float *)kvt_malloc((size_t)V * sizeof(float));
     memcpy(hist, prompt, (size_t)np * sizeof(int));
@@ -442,7 +483,21 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
     fflush(stdout);
     int n = np;
     while (n < np + a->steps && st == KVT_OK) {
-        st = kvt_step(e, &s, hist, n, logits);
+        if (dl && n == np) { /* the prompt's forward keeps every position's logits for the dump */
+            float *all = NULL;
+            size_t bytes;
+            st = kvt_bytes(&bytes, "--dump-logits' prompt rows (prompt x V)", (size_t)np, (size_t)V, sizeof(float), 1);
+            if (st == KVT_OK) st = buf_alloc(0, (void **)&all, bytes, "--dump-logits' prompt rows (prompt x V)");
+            if (st == KVT_OK) st = kvt_forward(e, &s, hist, np, all, 1);
+            if (st == KVT_OK && fwrite(all, sizeof(float), (size_t)np * V, dl) != (size_t)np * V)
+                st = kvt_fail(KVT_EIO, "--dump-logits: writing '%s' failed: %s", a->dump_logits, strerror(errno));
+            if (st == KVT_OK) memcpy(logits, all + (size_t)(np - 1) * V, (size_t)V * sizeof(float));
+            free(all);
+        } else {
+            st = kvt_step(e, &s, hist, n, logits);
+            if (st == KVT_OK && dl && fwrite(logits, sizeof(float), (size_t)V, dl) != (size_t)V)
+                st = kvt_fail(KVT_EIO, "--dump-logits: writing '%s' failed: %s", a->dump_logits, strerror(errno));
+        }
         if (st == KVT_OK && ref) {
             if ((st = kvt_step(ref, &rs, hist, n, ref_logits)) != KVT_OK) break;
             char what[64];
@@ -457,12 +512,20 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
             break;
         }
         int next = kvt_sample(&sm, logits, V);
-        if (tk && (next == KVT_BOS || next == KVT_EOS)) break;
+        if (tk && (next == KVT_BOS || next == KVT_EOS)) { stop = next; break; }
         print_token(tk, hist[n - 1], next);
         fflush(stdout);
         hist[n++] = next;
     }
     printf("\n");
+    if (dt) { /* the ids fed, then the last chosen (which was not fed) */
+        for (int i = 0; i < n; i++) fprintf(dt, "%d\n", hist[i]);
+        if (stop >= 0) fprintf(dt, "%d\n", stop);
+    }
+    if (dl && fclose(dl) != 0 && st == KVT_OK)
+        st = kvt_fail(KVT_EIO, "--dump-logits: writing '%s' failed: %s", a->dump_logits, strerror(errno));
+    if (dt && fclose(dt) != 0 && st == KVT_OK)
+        st = kvt_fail(KVT_EIO, "--dump-tokens: writing '%s' failed: %s", a->dump_tokens, strerror(errno));
     if (st != KVT_OK) ok = !cli_fail("");
     const kvt_seq *live = &s;
     if (st == KVT_OK && a->stats) print_stats(e, &live, 1);
@@ -692,7 +755,8 @@ int main(int argc, char **argv) {
         prompts = (int **)kvt_malloc(sizeof(int *));
         np = (int *)kvt_malloc(sizeof(int));
         prompts[0] = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
-        if (tkp) st = kvt_encode(tkp, a.prompt, 1, prompts[0], TMAX, &np[0]);
+        if (a.tokens) st = parse_tokens(a.tokens, V, TMAX, prompts[0], &np[0]);
+        else if (tkp) st = kvt_encode(tkp, a.prompt, 1, prompts[0], TMAX, &np[0]);
         else if (a.prompt_tokens > TMAX) st = kvt_fail(KVT_ECONTEXT, "--prompt-tokens %d: more than TMAX = %d", a.prompt_tokens, TMAX);
         else { np[0] = a.prompt_tokens; prompts[0][0] = KVT_BOS % V; kvt_fake_tokens(prompts[0] + 1, np[0] - 1, V); }
         if (st != KVT_OK) { cli_fail("prompt: "); kvt_errbuf[0] = '\0'; goto done; }
