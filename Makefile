@@ -123,6 +123,7 @@ test-valgrind: deps
 	$(VALGRIND) ./kvt-valgrind -n 32 --stats
 	$(VALGRIND) ./kvt-valgrind --random 64,2,4,2,128,100,64 -n 16 --kv-dtype int8 --chunk 3 --device gpu --check
 	$(VALGRIND) ./kvt-valgrind --random 64,2,4,2,128,100,128 --prompt-tokens 40 --fork 3 -n 10 --chunk 4 --stats
+	$(VALGRIND) ./kvt-valgrind --tokens 1,22,56 -n 3 -t 0 --kv-cache off --dump-logits /tmp/kvt-vg.f32 --dump-tokens /tmp/kvt-vg.txt
 	$(VALGRIND) ./kvt-valgrind --bogus; test $$? = 1
 	@echo "[make] valgrind: no errors, no definitely lost bytes"
 

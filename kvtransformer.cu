@@ -1264,7 +1264,8 @@ typedef struct {
  * added to kvt_kv is set here, or is 0 everywhere. */
 static kvt_kv kv_view(const kvt_pool *p, const int *tables, const int *row_tab, const int *row_pos,
                       const int *row_len) {
-    kvt_kv kv = {0};
+    kvt_kv kv;
+    memset(&kv, 0, sizeof(kv)); /* (not = {0}: C++ compilers, nvcc's host pass, warn on it) */
     kv.data = p->data;
     kv.scales = p->scales;
     kv.dtype = (int)p->dtype;
