@@ -1463,19 +1463,19 @@ static void test_hf_export(void) {
         skip("Hugging Face export (needs ./kvt, python3 and weights/hf-tiny)");
         return;
     }
-    int prompt[64], greedy[128], sample[256], V[1];
+    int prompt[64], greedy[128], sample[256];
     int np = json_ints(json, "prompt", prompt, 64), ng = json_ints(json, "greedy", greedy, 128);
     int ns = json_ints(json, "sample_ids", sample, 256);
     const char *vs = strstr(json, "\"vocab_size\": ");
-    V[0] = vs ? atoi(vs + 14) : 0;
+    int V = vs ? atoi(vs + 14) : 0;
     char *sample_text = NULL, *st = strstr(json, "\"sample_text\": \"");
     if (st) {
         st += 16;
         sample_text = strndup(st, (size_t)(strchr(st, '"') - st));
     }
     float *want = (float *)read_all("weights/hf-tiny/logits.f32", &lb);
-    KVT_ASSERT(np > 0 && ng > np && ns > 0 && V[0] > 258 && sample_text && want &&
-               lb == (size_t)(ng - 1) * V[0] * 4);
+    KVT_ASSERT(np > 0 && ng > np && ns > 0 && V > 258 && sample_text && want &&
+               lb == (size_t)(ng - 1) * V * 4);
     char dir[64], cmd[1024], args[2048], ids[512], out[4096];
     snprintf(dir, sizeof(dir), "/tmp/kvt_hf_%d", (int)getpid());
     snprintf(cmd, sizeof(cmd), "mkdir -p %s && python3 weights/export_hf.py weights/hf-tiny %s/model.bin "
@@ -1495,7 +1495,7 @@ static void test_hf_export(void) {
         int fed[160], nf = read_ints(path, fed, 160), same = nf == ng;
         for (int i = 0; i < ng && same; i++) same = fed[i] == greedy[i];
         double worst = 0.0;
-        int close = rc == 0 && got && bytes == lb && rows_close(got, want, ng - 1, V[0], 1e-4, &worst);
+        int close = rc == 0 && got && bytes == lb && rows_close(got, want, ng - 1, V, 1e-4, &worst);
         expect(close && same, "HF model, cache %s: %d positions' logits within 1e-4 of each position's max |logit| "
                "of transformers' (worst %.2e); greedy tokens equal transformers' (%d)", off ? "off" : "on", ng - 1,
                worst, ng - np);
