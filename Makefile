@@ -94,8 +94,8 @@ ifneq ($(HAVE_BLAS),yes)
 	fi
 endif
 
-# kvtransformer.cu includes bench/bench.c (§19) and cli/cli.c (§20): one program.
-SRCS = kvtransformer.cu kvtransformer.h bench/bench.c cli/cli.c
+# kvtransformer.cu includes cli/tokenizer.c (§16), bench/bench.c (§19) and cli/cli.c (§20): one program.
+SRCS = kvtransformer.cu kvtransformer.h bench/bench.c cli/cli.c cli/tokenizer.c
 
 kvt: $(SRCS) Makefile
 	$(COMPILE) kvtransformer.cu -o $@ $(LIBS) $(LINKX)
