@@ -13,12 +13,15 @@
 #   make fuzz       libFuzzer on the checkpoint loader, tokenizer loader, prompt encoder, command line
 #   make exercise N=k   check exercise k (README, Exercises); make exercises-selftest
 #   make nvcc-check compile the CUDA build for sm_80 and sm_90 (no GPU needed)
-#   make gpu-check  on a GPU machine: nvcc build, tests and GPU bench in one go
+#   make gpu-check  on a GPU machine: nvcc build, tests, sanitizers and GPU figures in one call
+#   make gpu-check-dry  the same script on the C build and the emulation (CI)
+#   make nvcc-test  the nvcc build's test suite (no GPU needed: GPU checks skip)
+#   make test-gpu-sizes  the suite in the emulation with the GPU build's block sizes
 #   make clean
 # Override the choice with BUILD=c or BUILD=nvcc.
 
 CC    ?= cc
-NVCC  ?= $(shell command -v nvcc 2>/dev/null)
+NVCC  ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q GPU && echo yes)
 
 ifeq ($(origin BUILD), undefined)
@@ -29,11 +32,24 @@ ifeq ($(origin BUILD), undefined)
   endif
 endif
 
-# OpenBLAS: pkg-config when it knows it, else Debian's paths.
-BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null || echo -I/usr/include/x86_64-linux-gnu/openblas-pthread)
-BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+# OpenBLAS: pkg-config when it knows it, else Debian's paths. BLAS_DIR=<dir>:
+# an unpacked Debian tree instead (a machine without apt; README, "On a GPU
+# machine"), found again at run time through the rpath (-Xlinker: the same
+# spelling for gcc and nvcc). --disable-new-dtags makes it an RPATH, which also
+# serves libopenblas's own libgfortran.
+BLAS_DIR ?=
+ifneq ($(BLAS_DIR),)
+  BLAS_LIBDIRS := $(BLAS_DIR)/usr/lib/x86_64-linux-gnu/openblas-pthread $(BLAS_DIR)/usr/lib/x86_64-linux-gnu
+  BLAS_CFLAGS  := -I$(BLAS_DIR)/usr/include/x86_64-linux-gnu/openblas-pthread
+  BLAS_FIRST   := test -f $(BLAS_DIR)/usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h &&
+  BLAS_LIBS    := $(addprefix -L,$(BLAS_LIBDIRS)) -lopenblas -Xlinker --disable-new-dtags \
+                  $(addprefix -Xlinker -rpath=,$(BLAS_LIBDIRS))
+else
+  BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null || echo -I/usr/include/x86_64-linux-gnu/openblas-pthread)
+  BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+endif
 HASH := \#
-HAVE_BLAS   := $(shell printf '$(HASH)include <cblas.h>\nint main(void){float x=1;cblas_sscal(1,2.0f,&x,1);return x!=2;}\n' | \
+HAVE_BLAS   := $(shell $(BLAS_FIRST) printf '$(HASH)include <cblas.h>\nint main(void){float x=1;cblas_sscal(1,2.0f,&x,1);return x!=2;}\n' | \
                  $(CC) -x c - -o /dev/null $(BLAS_CFLAGS) $(BLAS_LIBS) >/dev/null 2>&1 && echo yes)
 
 # OpenBLAS chooses its kernels for the CPU when it loads. One older than the CPU
@@ -74,14 +90,18 @@ endif
 # Barriers of the emulated kernels are far cheaper when idle threads sleep.
 export OMP_WAIT_POLICY ?= passive
 
-.PHONY: ppl all run test test-asan test-valgrind bench bench-save bench-targets plots gnuplot debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
+.PHONY: ppl all run test test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-save bench-targets plots gnuplot debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
 
 all: deps kvt
 
 deps:
 	@echo "[make] build: $(BUILD) (nvcc: $(if $(NVCC),$(NVCC),not found); GPU: $(if $(HAVE_GPU),found,none)); OpenBLAS: $(if $(HAVE_BLAS),found (kernels: $(BLAS_CORE)$(if $(OPENBLAS_CORETYPE), -> OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE))),missing)"
 ifneq ($(HAVE_BLAS),yes)
-	@if [ "$$(id -u)" = 0 ]; then \
+	@if [ -n "$(BLAS_DIR)" ]; then \
+	  echo "[make] BLAS_DIR=$(BLAS_DIR) holds no usable OpenBLAS (cblas.h in usr/include/x86_64-linux-gnu/openblas-pthread,"; \
+	  echo "       libopenblas.so in usr/lib/x86_64-linux-gnu/openblas-pthread): see README, On a GPU machine"; \
+	  exit 1; \
+	elif [ "$$(id -u)" = 0 ]; then \
 	  echo "[make] installing OpenBLAS: apt-get install -y libopenblas-dev"; \
 	  (apt-get update -qq && apt-get install -y -qq libopenblas-dev pkg-config) || exit 1; \
 	elif sudo -n true 2>/dev/null; then \
@@ -108,6 +128,13 @@ run: all
 
 test: deps gnuplot kvt test_kvt
 	./test_kvt ./kvt
+
+# The emulation with the GPU build's block sizes (128-thread row kernels, 16 x 16
+# tiles): the normal C build runs 32-thread blocks, which the GPU never sees.
+test-gpu-sizes: deps
+	$(CC) $(C_ALL) -DKVT_GPU_SIZES kvtransformer.cu -o kvt-gpu-sizes $(LIBS)
+	$(CC) $(C_ALL) -DKVT_GPU_SIZES test.c -o test_kvt-gpu-sizes $(LIBS)
+	./test_kvt-gpu-sizes ./kvt-gpu-sizes
 
 ASAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 test-asan: deps
@@ -219,13 +246,19 @@ nvcc-check:
 	$(NVCC) $(NV_ALL) -Werror all-warnings -Xcompiler -Werror -c test.c -o /tmp/kvt_nvcc_check_test.o && \
 	echo "[make] nvcc compile check: sm_80 + sm_90 clean"
 
-# The prepared device script: build with nvcc, test on the GPU, benchmark.
-gpu-check:
-	$(MAKE) clean && $(MAKE) BUILD=nvcc test
-	@mkdir -p bench
-	./kvt --random 4096,32,32,32,11008,32000,4096 --bench decode --csv bench/gpu_decode_7b.csv
-	./kvt --random 4096,1,32,32,11008,32000,16384 --bench attention --bench-ctx 4096 --csv bench/gpu_attention_4096.csv
-	./kvt --random 4096,1,32,32,11008,32000,16384 --bench attention --bench-ctx 16384 --csv bench/gpu_attention_16k.csv
+# The prepared device script (bench/gpu_check.sh): nvcc build, the suite on
+# the GPU, sanitizers, figures; GPU_CHECK_BUDGET seconds (220), RESULTS=dir.
+# gpu-check-dry: the same script on the C build and the emulation (CI).
+gpu-check: deps
+	bash bench/gpu_check.sh
+gpu-check-dry: deps
+	DRY=1 bash bench/gpu_check.sh
+
+# The nvcc build's host half, tested without a GPU (GPU checks skip themselves).
+nvcc-test: deps
+	@test -n "$(NVCC)" || { echo "[make] nvcc not found: nvcc-test skipped"; exit 0; }; \
+	$(NVCC) $(NV_ALL) kvtransformer.cu -o kvt-nvcc $(LIBS) -lgomp && \
+	$(NVCC) $(NV_ALL) test.c -o test_kvt-nvcc $(LIBS) -lgomp && ./test_kvt-nvcc ./kvt-nvcc
 
 clean:
-	rm -f kvt test_kvt kvt-asan test_kvt-asan kvt-valgrind kvt-debug test_kvt-debug
+	rm -f kvt test_kvt kvt-asan test_kvt-asan kvt-gpu-sizes test_kvt-gpu-sizes kvt-nvcc test_kvt-nvcc kvt-valgrind kvt-debug test_kvt-debug

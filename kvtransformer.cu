@@ -177,8 +177,7 @@ static double kvt_now(void) { /* seconds, monotonic */
  *    blocks (KVT_THREADS) and small tiles (KVT_TILE).
  * It checks logic (indexing, tiling, barriers), not what only hardware shows
  * (races between warps without a barrier, occupancy, speed). */
-#define KVT_MAX_THREADS 256 /* largest block any launcher uses */
-#define KVT_MAX_WARPS (KVT_MAX_THREADS / 32)
+#define KVT_MAX_THREADS 256 /* largest block any launcher uses (the tiled matmul's 16 x 16) */
 #define KVT_MAX_HS 256      /* largest head size the attention kernels hold */
 #define KVT_MAX_ROWS 4096   /* most rows (new tokens) in one forward call */
 #define KVT_MAX_SEQS 4096   /* most sequences in one engine (max_seqs) */
@@ -207,8 +206,13 @@ static void kvt_launch_check(const char *name, const char *file, int line) {
 #define KVT_EMULATED 0
 
 #else /* ---- the emulation: plain C + OpenMP ---- */
+#ifdef KVT_GPU_SIZES /* the GPU build's blocks, to test the kernels as the GPU runs them (make test-gpu-sizes) */
+#define KVT_THREADS 128
+#define KVT_TILE 16
+#else
 #define KVT_THREADS 32 /* one warp: barriers are cheap only in small teams */
 #define KVT_TILE 8     /* tiled matmul: (8 x 8) outputs, 64 threads */
+#endif
 #define KVT_HD static
 #define __global__ static
 #define __device__ static
@@ -302,6 +306,18 @@ static cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemc
 static const char *cudaGetErrorString(cudaError_t e) { return e ? "out of memory" : "no error"; }
 #endif
 
+/* Block sizes the kernels rely on: whole warps (shuffles), and no launch larger
+ * than the emulation's shuffle slots. Shared arrays indexed by warp are sized
+ * by the real block, KVT_WARPS. */
+#ifdef __cplusplus
+#define KVT_STATIC_ASSERT static_assert
+#else
+#define KVT_STATIC_ASSERT _Static_assert
+#endif
+KVT_STATIC_ASSERT(KVT_THREADS % 32 == 0 && KVT_THREADS <= KVT_MAX_THREADS, "row kernels: whole warps, <= KVT_MAX_THREADS");
+KVT_STATIC_ASSERT(KVT_TILE * KVT_TILE <= KVT_MAX_THREADS, "tiled matmul: KVT_TILE^2 threads, <= KVT_MAX_THREADS");
+#define KVT_WARPS (KVT_THREADS / 32) /* warps of a row kernel's block */
+
 /* Every CUDA runtime call goes through this: a failure is a bug or a broken
  * device, so it stops with the call's text and CUDA's reason. */
 #define KVT_CUDA(call)                                                        \
@@ -319,9 +335,8 @@ static const char *cudaGetErrorString(cudaError_t e) { return e ? "out of memory
 #define KVT_SUM 0
 #define KVT_MAX 1
 __device__ float block_reduce(float v, int op) {
-    __shared__ float warp_part[KVT_MAX_WARPS];
+    __shared__ float warp_part[KVT_WARPS]; /* callers are row kernels: blocks of KVT_THREADS */
     int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    int nwarps = (int)blockDim.x >> 5;
     for (int m = 16; m > 0; m >>= 1) {
         float o = __shfl_xor_sync(0xffffffffu, v, m);
         v = op == KVT_SUM ? v + o : fmaxf(v, o);
@@ -329,7 +344,7 @@ __device__ float block_reduce(float v, int op) {
     if (lane == 0) warp_part[warp] = v;
     __syncthreads();
     float r = warp_part[0];
-    for (int i = 1; i < nwarps; i++) r = op == KVT_SUM ? r + warp_part[i] : fmaxf(r, warp_part[i]);
+    for (int i = 1; i < KVT_WARPS; i++) r = op == KVT_SUM ? r + warp_part[i] : fmaxf(r, warp_part[i]);
     __syncthreads(); /* warp_part may be reused by the next call */
     return r;
 }
@@ -1139,7 +1154,7 @@ static void matmul_cpu(float *out, const float *x, const float *w, int n, int k,
  *       row0+0  [  p00      p01    ...   p0,31 ]  -> summed by lane 0
  *       row0+1  [  p10      p11    ...   p1,31 ]  -> summed by lane 1 ...      */
 __global__ void matmul_rows_kernel(float *out, const float *x, const float *w, int n, int k, int d) {
-    __shared__ float part[KVT_MAX_WARPS][32][33]; /* 33: no bank conflicts on the transpose */
+    __shared__ float part[KVT_WARPS][32][33]; /* 33: no bank conflicts on the transpose */
     int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, nwarps = (int)blockDim.x >> 5;
     int r = (int)blockIdx.y, row0 = ((int)blockIdx.x * nwarps + warp) * 32;
     const float *xr = x + (size_t)r * k;
@@ -1290,10 +1305,16 @@ KVT_HD size_t kv_index(const kvt_kv *kv, int l, int which, int tab, int pos, int
 }
 /* One cached value as fp32: this is where fp16 and int8 are decoded, inside the
  * attention loops ("in registers"), never in a separate pass over the cache. */
-KVT_HD float kv_load(const kvt_kv *kv, size_t i) {
+/* (si: the int8 scale's index, i / G. A kernel that walks many rows finds each
+ * row's first scale once, since rows start on a group boundary, and adds c / G
+ * for channel c: no 64-bit division per value.) */
+KVT_HD float kv_load_at(const kvt_kv *kv, size_t i, size_t si) {
     if (kv->dtype == KVT_FP32) return ((const float *)kv->data)[i];
     if (kv->dtype == KVT_FP16) return f16_to_f32(((const uint16_t *)kv->data)[i]);
-    return (float)((const int8_t *)kv->data)[i] * kv->scales[i / (size_t)kv->G];
+    return (float)((const int8_t *)kv->data)[i] * kv->scales[si];
+}
+KVT_HD float kv_load(const kvt_kv *kv, size_t i) {
+    return kv_load_at(kv, i, kv->dtype == KVT_INT8 ? i / (size_t)kv->G : 0);
 }
 /* The two loops attention spends its time in, over one cached row of HS
  * values starting at element i: a dot product with q, and acc += w * row.
@@ -1786,27 +1807,34 @@ static void attention_fused_cpu(float *out, const float *q, kvt_kv kv, int l, in
  * No score row is written to global memory; the only traffic is K and V once. */
 __global__ void attn_fused_kernel(float *out, float *part, const float *q, kvt_kv kv, int l,
                                   int NH, int split_len, int nsplit) {
-    __shared__ float q_s[KVT_MAX_HS];      /* the query, pre-scaled by 1/sqrt(HS) */
-    __shared__ float e_s[KVT_MAX_THREADS]; /* scores, then weights, of one tile */
+    __shared__ float q_s[KVT_MAX_HS];   /* the query, pre-scaled by 1/sqrt(HS) */
+    __shared__ float e_s[KVT_THREADS];  /* scores, then weights, of one tile */
+    __shared__ size_t v_s[KVT_THREADS]; /* where key j's V row starts (element index) */
+    __shared__ size_t g_s[KVT_THREADS]; /* and its first int8 scale: v_s[j] / G */
     int h = (int)blockIdx.x / nsplit, sp = (int)blockIdx.x % nsplit, r = (int)blockIdx.y;
-    int tid = (int)threadIdx.x, nt = (int)blockDim.x, HS = kv.HS, kh = h / (NH / kv.NKV);
+    int tid = (int)threadIdx.x, HS = kv.HS, kh = h / (NH / kv.NKV);
     int p = kv.row_pos[r], t_begin = sp * split_len;
     int t_end = p + 1 < t_begin + split_len ? p + 1 : t_begin + split_len;
     float scale = 1.0f / sqrtf((float)HS);
     /* The query is read by every thread for every key: load it once into
      * shared memory (pre-scaled, so no thread multiplies by 1/sqrt(HS) again). */
-    for (int c = tid; c < HS; c += nt) q_s[c] = q[((size_t)r * NH + h) * HS + c] * scale;
+    for (int c = tid; c < HS; c += KVT_THREADS) q_s[c] = q[((size_t)r * NH + h) * HS + c] * scale;
     __syncthreads(); /* q_s is complete before anyone reads it */
-    float m = -INFINITY, sum = 0.0f, acc[KVT_MAX_HS / 32]; /* blockDim >= 32 */
-    for (int j = 0; j < KVT_MAX_HS / 32; j++) acc[j] = 0.0f;
-    for (int t0 = t_begin; t0 < t_end; t0 += nt) { /* same trip count in every thread */
-        int tile = t_end - t0 < nt ? t_end - t0 : nt;
-        /* step 1: thread j scores key t0 + j (threads past the end score -inf) */
+    /* Thread tid owns channels tid, tid + KVT_THREADS, ...: a fixed count of
+     * accumulators, indexed by constants once unrolled, so they stay in registers. */
+#define KVT_ACC (KVT_MAX_HS / KVT_THREADS)
+    float m = -INFINITY, sum = 0.0f, acc[KVT_ACC];
+    for (int j = 0; j < KVT_ACC; j++) acc[j] = 0.0f;
+    for (int t0 = t_begin; t0 < t_end; t0 += KVT_THREADS) { /* same trip count in every thread */
+        int tile = t_end - t0 < KVT_THREADS ? t_end - t0 : KVT_THREADS;
+        /* step 1: thread j scores key t0 + j (threads past the end score -inf) and
+         * notes where its V row is: V follows the chunk's K rows, CH * KVD further */
         float s = -INFINITY;
         if (tid < tile) {
             size_t ki = kv_index(&kv, l, 0, kv.row_tab[r], t0 + tid, kh);
-            s = 0.0f;
-            for (int c = 0; c < HS; c++) s += q_s[c] * kv_load(&kv, ki + c);
+            s = kv_dot(&kv, ki, q_s, HS);
+            v_s[tid] = ki + (size_t)kv.CH * kv.NKV * HS;
+            g_s[tid] = kv.dtype == KVT_INT8 ? v_s[tid] / (size_t)kv.G : 0;
         }
         e_s[tid] = s;
         __syncthreads(); /* all scores of the tile are in e_s */
@@ -1823,25 +1851,28 @@ __global__ void attn_fused_kernel(float *out, float *part, const float *q, kvt_k
         float tile_sum = 0.0f;
         for (int j = 0; j < tile; j++) tile_sum += e_s[j];
         sum = sum * corr + tile_sum;
-        for (int j = 0; tid + j * nt < HS; j++) {
-            int c = tid + j * nt;
+        for (int j = 0; j < KVT_ACC; j++) {
+            int c = tid + j * KVT_THREADS;
+            if (c >= HS) break;
+            size_t cg = (size_t)(c / kv.G);
             float a = acc[j] * corr;
-            for (int i = 0; i < tile; i++)
-                a += e_s[i] * kv_load(&kv, kv_index(&kv, l, 1, kv.row_tab[r], t0 + i, kh) + c);
+            for (int i = 0; i < tile; i++) a += e_s[i] * kv_load_at(&kv, v_s[i] + c, g_s[i] + cg);
             acc[j] = a;
         }
         m = m_new;
-        __syncthreads(); /* e_s is rewritten by the next tile */
+        __syncthreads(); /* e_s, v_s and g_s are rewritten by the next tile */
     }
     /* One piece: this is the answer (the division is the softmax's denominator,
      * postponed to the end). Several: leave (m, sum, acc) for the merge kernel. */
-    if (nsplit == 1) {
-        for (int j = 0; tid + j * nt < HS; j++) out[((size_t)r * NH + h) * HS + tid + j * nt] = acc[j] / sum;
-    } else {
-        float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
-        if (tid == 0) { pp[0] = m; pp[1] = sum; }
-        for (int j = 0; tid + j * nt < HS; j++) pp[2 + tid + j * nt] = acc[j];
+    float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
+    if (nsplit > 1 && tid == 0) { pp[0] = m; pp[1] = sum; }
+    for (int j = 0; j < KVT_ACC; j++) {
+        int c = tid + j * KVT_THREADS;
+        if (c >= HS) break;
+        if (nsplit == 1) out[((size_t)r * NH + h) * HS + c] = acc[j] / sum;
+        else pp[2 + c] = acc[j];
     }
+#undef KVT_ACC
 }
 /* grid (NH, n), block (KVT_THREADS): thread c merges channel c of all pieces. */
 __global__ void attn_merge_kernel(float *out, const float *part, int NH, int HS, int nsplit) {
@@ -2077,18 +2108,15 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
         return kvt_fail(KVT_EARG, "%d sequences x %d chunks each (TMAX %d / --chunk %d) = %zu chunk-table entries, "
                         "more than %d: use a larger --chunk or fewer sequences", o->max_seqs, ntab, TMAX, o->CH,
                         tab_entries, KVT_LIMIT_CHUNKS);
+    if (o->device == KVT_GPU && !kvt_gpu_available()) /* asked for by name: falling back would hide it */
+        return kvt_fail(KVT_EARG, "--device gpu: no CUDA device found (this build needs one; --device cpu "
+                        "runs the CPU path)");
     int n_chunks = o->n_chunks > 0 ? o->n_chunks : (int)tab_entries;
     kvt_engine *e = (kvt_engine *)calloc(1, sizeof(kvt_engine));
     if (!e) return kvt_fail(KVT_ENOMEM, "host out of memory (engine)");
     e->m = m;
     e->o = *o;
     if (e->o.kv_group == 0) e->o.kv_group = kvt_kv_group_auto(HS); /* the caller left it to us */
-    if (o->device == KVT_GPU && !kvt_gpu_available()) {
-        static int said = 0;
-        if (!said) fprintf(stderr, "[kvt] no CUDA device found: running on the CPU\n");
-        said = 1;
-        e->o.device = KVT_CPU;
-    }
     e->gpu = e->o.device == KVT_GPU;
     openblas_set_num_threads(1); /* sgemm runs inside our parallel loops (§9) */
     e->op = e->gpu ? &kvt_gpu_ops : &kvt_cpu_ops;

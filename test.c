@@ -213,7 +213,9 @@ static void test_swiglu_residual_embed(int gpu) {
     free(a); free(b); free(ref); free(got); free(want); free(x); free(y); free(gx); free(table); free(ge);
 }
 
-/* block_reduce (warp shuffles + shared memory) for sums and maxes, 2 warps. */
+/* block_reduce (warp shuffles + shared memory) for sums and maxes, on the row
+ * kernels' block of KVT_THREADS: 1 warp in the C build, 4 in the GPU build and
+ * in make test-gpu-sizes (which is where the step across warps is checked). */
 __global__ void test_reduce_kernel(float *out, const float *x, int n) {
     float s = 0.0f, m = -INFINITY;
     for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x) { s += x[i]; m = fmaxf(m, x[i]); }
@@ -228,9 +230,11 @@ static void test_block_reduce(void) {
     for (int i = 0; i < n; i++) { s += x[i]; want[1] = fmaxf(want[1], x[i]); }
     want[0] = (float)s;
     float *dx = (float *)dev_copy(1, x, (size_t)n * 4), *dout = (float *)dev_copy(1, want, 8);
-    KVT_LAUNCH(test_reduce_kernel, 1, 1, 64, dout, dx, n);
+    KVT_LAUNCH(test_reduce_kernel, 1, 1, KVT_THREADS, dout, dx, n);
     float *got = to_host(1, dout, 2);
-    tally(kvt_check("block_reduce sum and max (2 warps, shuffles) vs float64", got, want, 2, "what=2", TOL_OP, "TOL_OP"));
+    char what[80];
+    snprintf(what, sizeof(what), "block_reduce sum and max (%d warps, shuffles) vs float64", KVT_WARPS);
+    tally(kvt_check(what, got, want, 2, "what=2", TOL_OP, "TOL_OP"));
     buf_free(1, dx); buf_free(1, dout);
     free(x); free(got);
 }
@@ -1296,6 +1300,20 @@ static void cli_expect(const char *args, int want_ok, const char *want_text) {
     if (nl) *nl = '\0';
     expect(ok, "cli '%s': exit %s, says '%s'", args, rc == 0 ? "0" : "non-zero", first);
 }
+/* An nvcc build on a machine without a GPU: the default falls back to the CPU
+ * and says so once; an explicit --device gpu is refused. */
+static void test_cli_no_device(void) {
+    if (KVT_EMULATED || kvt_gpu_available()) {
+        skip(KVT_EMULATED ? "--device gpu without a device: this build emulates the GPU"
+                          : "--device gpu without a device: this machine has one");
+        return;
+    }
+    char out[4096];
+    int rc = cli_run("--random 64,1,4,4,64,100,64 -n 2 -t 0", out, sizeof(out));
+    const char *say = "no CUDA device found: running on the CPU", *again = strstr(out, say);
+    expect(rc == 0 && again && !strstr(again + 1, say), "default device without a GPU: falls back, says so once");
+    cli_expect("--random 64,1,4,4,64,100,64 -n 2 --device gpu", 0, "--device gpu: no CUDA device found");
+}
 static void test_cli(void) {
     FILE *f = fopen(kvt_bin, "rb");
     if (!f) { skip("command-line checks (no kvt binary given)"); return; }
@@ -1768,9 +1786,11 @@ static void test_sizes(void) {
     if (st == KVT_OK) kvt_engine_free(e);
     o.device = KVT_GPU; /* the emulated GPU's buffers are host memory too */
     st = kvt_engine_create(&e, &m, &o);
-    if (KVT_EMULATED || !kvt_gpu_available())
-        expect(st == KVT_ENOMEM && !e, "engine on the %s over KVT_MEM_LIMIT: %s",
-               KVT_EMULATED ? "emulated GPU" : "CPU (no GPU)", kvt_last_error());
+    if (KVT_EMULATED)
+        expect(st == KVT_ENOMEM && !e, "engine on the emulated GPU over KVT_MEM_LIMIT: %s", kvt_last_error());
+    else if (!kvt_gpu_available()) /* an nvcc build with no device: asking for the GPU is an error, not a fallback */
+        expect(st == KVT_EARG && !e && contains(kvt_last_error(), "no CUDA device found"),
+               "engine asked for the GPU with no device: %s", kvt_last_error());
     if (st == KVT_OK) kvt_engine_free(e);
     setenv("KVT_MEM_LIMIT", "8000000", 1);
     o.device = KVT_CPU;
@@ -1880,6 +1900,12 @@ static void test_bench_shapes(void) {
     cli_expect("--random 32,1,2,2,64,50,31 --bench batch", 0, "--bench batch needs TMAX >= 32");
     cli_expect("--random 32,1,2,2,64,50,8 --chunk 1 --bench stages", 0, "--bench stages needs TMAX >= 9");
     cli_expect("--random 32,1,2,2,64,50,32 --bench context", 0, "--bench context needs TMAX >= 33");
+    /* --split longer than the automatic pieces, context no longer than it: the
+     * bench's extra split (to compare) must stay within the engine's part buffer
+     * (it once wrote past it; make test-asan runs this too) */
+    cli_expect("--random 64,1,4,4,64,100,1024 --bench attention --bench-ctx 1000 --split 1000", 1, "(split: ");
+    cli_expect("--random 64,1,4,4,64,100,1024 --bench attention --bench-ctx 300 --split 1000 --device gpu", 1,
+               "(split: ");
     /* a --bench-ctx out of range names the flag; a default one never does */
     cli_expect("--random 32,1,2,2,64,50,8 --chunk 2 --bench attention --bench-ctx 9", 0,
                "--bench-ctx 9: --bench attention needs 1 <= T <= TMAX = 8");
@@ -2679,6 +2705,7 @@ int main(int argc, char **argv) {
     test_hardening();
     test_kv_group_default();
     test_cli();
+    test_cli_no_device();
     test_dump_logits();
     test_hf_export();
     test_bench_shapes();

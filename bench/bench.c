@@ -235,6 +235,29 @@ static void kvt_sync(int gpu) {
 #endif
 }
 
+/* Seconds on the device's clock: on a GPU, a CUDA event recorded after
+ * everything launched so far and waited for, measured from the first one (the
+ * GPU's own timestamps, free of the host's launch and wake-up jitter); on the
+ * CPU and in the emulation, the host clock once the work is done. */
+static double kvt_device_now(int gpu) {
+#ifdef __CUDACC__
+    static cudaEvent_t first = NULL;
+    if (gpu) {
+        cudaEvent_t ev;
+        float ms = 0.0f;
+        if (!first) { KVT_CUDA(cudaEventCreate(&first)); KVT_CUDA(cudaEventRecord(first, 0)); }
+        KVT_CUDA(cudaEventCreate(&ev));
+        KVT_CUDA(cudaEventRecord(ev, 0));
+        KVT_CUDA(cudaEventSynchronize(ev));
+        KVT_CUDA(cudaEventElapsedTime(&ms, first, ev));
+        KVT_CUDA(cudaEventDestroy(ev));
+        return ms / 1e3;
+    }
+#endif
+    kvt_sync(gpu);
+    return kvt_now();
+}
+
 /* Attention alone, one query row at position T-1 of a cache filled with random
  * values (no model run needed to fill it): naive (3 kernels, score row in
  * memory), fused in one pass, and fused split across blocks + merge. T = 0
@@ -289,16 +312,16 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
     double ms[3];
     for (int v = 0; v < 3; v++) { /* one warm-up call, then as many as fill 0.2 s (at least 3) */
         int reps = 0;
-        double t0 = 0.0;
-        for (int r = -1; r < 3 || kvt_since(t0) < 0.2; r++, reps = r) {
-            if (r == 0) { kvt_sync(e->gpu); t0 = kvt_now(); }
+        double t0 = 0.0, t1 = 0.0;
+        for (int r = -1; r < 3 || t1 - t0 < 0.2; r++, reps = r) {
+            if (r == 0) t0 = kvt_device_now(e->gpu);
             int l = (r + 1) % m->c.n_layers; /* each call the next layer: as in decode, the cache comes from memory */
             if (v == 0) e->op->attention_naive(e->att, e->q, kv, l, 1, NH, e->scores, m->c.seq_len);
             else if (v == 1) e->op->attention_fused(e->att, e->q, kv, l, 1, NH, e->part, T, 1);
             else e->op->attention_fused(e->att, e->q, kv, l, 1, NH, e->part, auto_len, auto_n);
-            kvt_sync(e->gpu);
+            t1 = kvt_device_now(e->gpu);
         }
-        ms[v] = 1e3 * kvt_since(t0) / reps;
+        ms[v] = 1e3 * (t1 > t0 ? t1 - t0 : 1e-9) / reps;
     }
     printf("attention of one query over T = %d cached positions (%s cache, NH %d, NKV %d, HS %d; each call the next "
            "of %d layers) on %s%s\n", T, kvt_dtype_name(p->dtype), NH, p->NKV, p->HS, m->c.n_layers,
