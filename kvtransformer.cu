@@ -1832,9 +1832,9 @@ __global__ void attn_fused_kernel(float *out, float *part, const float *q, kvt_k
         float s = -INFINITY;
         if (tid < tile) {
             size_t ki = kv_index(&kv, l, 0, kv.row_tab[r], t0 + tid, kh);
-            s = kv_dot(&kv, ki, q_s, HS);
             v_s[tid] = ki + (size_t)kv.CH * kv.NKV * HS;
             g_s[tid] = kv.dtype == KVT_INT8 ? v_s[tid] / (size_t)kv.G : 0;
+            s = kv_dot(&kv, ki, q_s, HS);
         }
         e_s[tid] = s;
         __syncthreads(); /* all scores of the tile are in e_s */
