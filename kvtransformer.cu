@@ -1314,7 +1314,7 @@ KVT_HD float kv_load_at(const kvt_kv *kv, size_t i, size_t si) {
     return (float)((const int8_t *)kv->data)[i] * kv->scales[si];
 }
 KVT_HD float kv_load(const kvt_kv *kv, size_t i) {
-    return kv_load_at(kv, i, kv->dtype == KVT_INT8 ? i / (size_t)kv->G : 0);
+    return kv_load_at(kv, i, kv->scales ? i / (size_t)kv->G : 0);
 }
 /* The two loops attention spends its time in, over one cached row of HS
  * values starting at element i: a dot product with q, and acc += w * row.
@@ -1833,7 +1833,7 @@ __global__ void attn_fused_kernel(float *out, float *part, const float *q, kvt_k
         if (tid < tile) {
             size_t ki = kv_index(&kv, l, 0, kv.row_tab[r], t0 + tid, kh);
             v_s[tid] = ki + (size_t)kv.CH * kv.NKV * HS;
-            g_s[tid] = kv.dtype == KVT_INT8 ? v_s[tid] / (size_t)kv.G : 0;
+            g_s[tid] = kv.scales ? v_s[tid] / (size_t)kv.G : 0;
             s = kv_dot(&kv, ki, q_s, HS);
         }
         e_s[tid] = s;
