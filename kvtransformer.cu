@@ -1144,39 +1144,77 @@ static void matmul_cpu(float *out, const float *x, const float *w, int n, int k,
     else matmul_rows_cpu(out, x, w, n, k, d);
 }
 
-/* Decode kernel. grid (ceil(d / (32 * warps)), n), block (32 * warps): each warp
- * owns 32 consecutive output rows. Lane l walks the columns l, l+32, ... of all
- * 32 rows (so a warp reads 32 adjacent floats of a row at once: coalesced) and
- * keeps 32 partial sums. The warp then transposes them through shared memory:
- * lane l adds up the 32 partials of row row0+l. One barrier per 32 rows.
+/* Decode kernel, built for the memory bound: a decode step reads every weight
+ * once, so the kernel must keep enough bytes in flight to fill HBM (~20 KB per
+ * SM on an H100/H200) and read each weight once for all its rows of x.
+ * grid (ceil(d / (KVT_MV_ROWS * KVT_WARPS)), ceil(n / KVT_MV_X)), block
+ * KVT_THREADS. Each warp owns KVT_MV_ROWS consecutive output rows and up to
+ * KVT_MV_X rows of x. Lane l reads columns 4l..4l+3 of a weight row as one
+ * 16-byte load (a warp: 512 contiguous bytes), then 4l+128.., and uses each
+ * loaded weight for all its rows of x; it keeps ROWS x X = 32 partial sums.
+ * The warp then transposes them through shared memory: lane i adds up the 32
+ * partials of (row, x) pair i. One barrier per warp's work.
  *
  *   part[warp]:   lane 0   lane 1  ...  lane 31      <- written as acc[i]
- *       row0+0  [  p00      p01    ...   p0,31 ]  -> summed by lane 0
- *       row0+1  [  p10      p11    ...   p1,31 ]  -> summed by lane 1 ...      */
-__global__ void matmul_rows_kernel(float *out, const float *x, const float *w, int n, int k, int d) {
+ *     pair 0    [  p00      p01    ...   p0,31 ]  -> summed by lane 0
+ *     pair 1    [  p10      p11    ...   p1,31 ]  -> summed by lane 1 ...
+ *
+ * On a GPU: 8 rows x 4 rows of x, so d = 4096 gives 128 blocks of 4 warps, and
+ * a batch of up to 4 decode rows costs one pass over the weights. In the C
+ * build: 32 rows x 1 (each barrier costs ~50 us there, so fewer, larger work
+ * items). k4 = the columns read 4 at a time (k rounded down to a multiple of
+ * 4, or 0 when w or x is not 16-byte aligned); the rest go one at a time. */
+#ifdef __CUDACC__
+#define KVT_LOAD4(p) (*(const float4 *)(p))
+#else
+typedef struct { float x, y, z, w; } float4;
+static float4 kvt_load4(const float *p) { float4 v; memcpy(&v, p, sizeof(v)); return v; }
+#define KVT_LOAD4(p) kvt_load4(p)
+#endif
+#if defined(__CUDACC__) || defined(KVT_GPU_SIZES)
+#define KVT_MV_ROWS 8
+#else
+#define KVT_MV_ROWS 32
+#endif
+#define KVT_MV_X (32 / KVT_MV_ROWS)
+__global__ void matmul_rows_kernel(float *out, const float *x, const float *w, int n, int k, int k4, int d) {
     __shared__ float part[KVT_WARPS][32][33]; /* 33: no bank conflicts on the transpose */
-    int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, nwarps = (int)blockDim.x >> 5;
-    int r = (int)blockIdx.y, row0 = ((int)blockIdx.x * nwarps + warp) * 32;
-    const float *xr = x + (size_t)r * k;
-    float acc[32];
-    for (int i = 0; i < 32; i++) acc[i] = 0.0f;
-    /* The same x element is used for all 32 rows: read it once per column. */
-    for (int c = lane; c < k; c += 32) {
-        float xc = xr[c];
-        for (int i = 0; i < 32; i++)
-            if (row0 + i < d) acc[i] += w[(size_t)(row0 + i) * k + c] * xc;
+    int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    int row0 = ((int)blockIdx.x * KVT_WARPS + warp) * KVT_MV_ROWS, x0 = (int)blockIdx.y * KVT_MV_X;
+    float acc[KVT_MV_ROWS][KVT_MV_X];
+    for (int i = 0; i < KVT_MV_ROWS; i++)
+        for (int j = 0; j < KVT_MV_X; j++) acc[i][j] = 0.0f;
+    for (int c = 4 * lane; c < k4; c += 128) {
+        float4 xv[KVT_MV_X];
+        for (int j = 0; j < KVT_MV_X; j++) /* rows of x past n read row 0 again: their sums are dropped */
+            xv[j] = KVT_LOAD4(x + (size_t)(x0 + j < n ? x0 + j : 0) * k + c);
+        for (int i = 0; i < KVT_MV_ROWS; i++) {
+            if (row0 + i >= d) break;
+            float4 wv = KVT_LOAD4(w + (size_t)(row0 + i) * k + c);
+            for (int j = 0; j < KVT_MV_X; j++)
+                acc[i][j] += wv.x * xv[j].x + wv.y * xv[j].y + wv.z * xv[j].z + wv.w * xv[j].w;
+        }
     }
-    for (int i = 0; i < 32; i++) part[warp][i][lane] = acc[i];
+    for (int c = k4 + lane; c < k; c += 32) /* the columns left over, one per lane */
+        for (int i = 0; i < KVT_MV_ROWS; i++) {
+            if (row0 + i >= d) break;
+            float wc = w[(size_t)(row0 + i) * k + c];
+            for (int j = 0; j < KVT_MV_X; j++) acc[i][j] += wc * x[(size_t)(x0 + j < n ? x0 + j : 0) * k + c];
+        }
+    for (int i = 0; i < KVT_MV_ROWS; i++)
+        for (int j = 0; j < KVT_MV_X; j++) part[warp][i * KVT_MV_X + j][lane] = acc[i][j];
     __syncthreads(); /* each lane now reads a column the other lanes wrote */
-    if (row0 + lane < d) {
+    int row = row0 + lane / KVT_MV_X, xr = x0 + lane % KVT_MV_X;
+    if (row < d && xr < n) {
         float s = 0.0f;
         for (int j = 0; j < 32; j++) s += part[warp][lane][j];
-        out[(size_t)r * d + row0 + lane] = s;
+        out[(size_t)xr * d + row] = s;
     }
-    (void)n;
 }
 static void matmul_rows_gpu(float *out, const float *x, const float *w, int n, int k, int d) {
-    KVT_LAUNCH(matmul_rows_kernel, kvt_cdiv(d, KVT_THREADS), n, KVT_THREADS, out, x, w, n, k, d);
+    int aligned = ((uintptr_t)x % 16 == 0) && ((uintptr_t)w % 16 == 0) && k % 4 == 0;
+    KVT_LAUNCH(matmul_rows_kernel, kvt_cdiv(d, KVT_MV_ROWS * KVT_WARPS), kvt_cdiv(n, KVT_MV_X), KVT_THREADS,
+               out, x, w, n, k, aligned ? k : 0, d);
 }
 
 /* Prefill kernel, the textbook tiled matmul. grid (ceil(d/TILE), ceil(n/TILE)),
@@ -1209,8 +1247,10 @@ static void matmul_tiled_gpu(float *out, const float *x, const float *w, int n, 
     KVT_LAUNCH(matmul_tiled_kernel, kvt_cdiv(d, KVT_TILE), kvt_cdiv(n, KVT_TILE), KVT_TILE * KVT_TILE,
                out, x, w, n, k, d);
 }
+/* Decode and small batches (up to 2 passes of KVT_MV_X rows) read the weights
+ * with the rows kernel; prefill reuses each loaded tile of weights 16 times. */
 static void matmul_gpu(float *out, const float *x, const float *w, int n, int k, int d) {
-    if (n == 1) matmul_rows_gpu(out, x, w, n, k, d);
+    if (n <= 2 * KVT_MV_X) matmul_rows_gpu(out, x, w, n, k, d);
     else matmul_tiled_gpu(out, x, w, n, k, d);
 }
 
