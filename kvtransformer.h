@@ -190,21 +190,24 @@ kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs)
 
 /* The pool as plain ASCII text, for --trace, the tests and gdb (`call
  * kvt_pool_print(stdout, e)`). It only reads (refcounts, free list, tables) and
- * flushes f. One line per sequence, its table in order, then the pool, then totals:
+ * flushes f. One line per sequence, its table in order, then the pool, then totals
+ * (here: a second request that found the first 3 chunks of a live one cached):
  *
- *   seq 1 [ 0* 3c 7+ (2/4) ] len 14
- *   pool [*##.#...]
- *   totals: in use 4, free 4, shared 1 (of 8 chunks); 5 table entries: sharing saves 1 x 6144 = 6144 bytes
+ *   seq 0 [ 0* 1* 2* 3 4 (3/4) ] len 19
+ *   seq 1 [ 0*+ 1*+ 2*+ 5 6 (2/4) ] len 18
+ *   pool [***####.........]
+ *   totals: in use 7, free 9, shared 3 (of 16 chunks); 10 table entries: sharing saves 3 x 4096 = 12288 bytes
  *
  * seq N: the sequence's id; each entry is a chunk id, then * when the chunk is shared
- * (refcount > 1), then c when this sequence copied it on write, or + when it attached
- * it by prefix reuse; (f/CH): the last chunk holds f < CH positions; len T. An entry
- * < 0 holds no chunk and shows as -. pool: one character per chunk, . free, # held by
- * one table, * shared; 64 to a row, each row then followed by its first..last chunk
- * id; the first 512 drawn, the rest counted on one line ("+ chunks 512..4095 not
- * drawn: in use 3, shared 1, free 3581"). totals: from the refcounts alone; table
- * entries - chunks in use = the chunks sharing saves (bytes_unshared - bytes_used of
- * kvt_cache_usage_of). With the cache off (kv_cache 0), one line says so instead. */
+ * (refcount > 1), then c when this sequence copied it on write (2c), or + when it
+ * attached it by prefix reuse; (f/CH): the last chunk holds f < CH positions; len T.
+ * An entry < 0 holds no chunk and shows as -. pool: one character per chunk, . free,
+ * # held by one table, * shared, 64 to a row; a pool of more than 64 follows each row
+ * with the chunk ids it shows (0..63), draws the first 512 and counts the rest on one
+ * line ("+ chunks 512..4095 not drawn: in use 3, shared 1, free 3581"). totals: from
+ * the refcounts alone; table entries - chunks in use = the chunks sharing saves
+ * (bytes_unshared - bytes_used of kvt_cache_usage_of). With the cache off (kv_cache
+ * 0), one line says so instead. */
 void kvt_pool_print_seqs(FILE *f, kvt_engine *e, const kvt_seq *const *seqs, int n_seqs);
 /* The same for every live sequence of the engine, in the order they were made. */
 void kvt_pool_print(FILE *f, kvt_engine *e);
