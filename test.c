@@ -1503,10 +1503,11 @@ static void test_bad_input(void) {
 }
 
 /* Run kvt with args (through the shell: redirections work) and keep the
- * first cap - 1 bytes of stdout + stderr; returns the exit status (-1: not run). */
-static int cli_run(const char *args, char *out, size_t cap) {
+ * first cap - 1 bytes of stdout + stderr (with stdout_only, of stdout alone:
+ * stderr is dropped); returns the exit status (-1: not run). */
+static int cli_run_to(const char *args, int stdout_only, char *out, size_t cap) {
     char cmd[4096];
-    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", kvt_bin, args);
+    snprintf(cmd, sizeof(cmd), "%s %s %s", kvt_bin, args, stdout_only ? "2>/dev/null" : "2>&1");
     out[0] = '\0';
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
@@ -1515,6 +1516,7 @@ static int cli_run(const char *args, char *out, size_t cap) {
     while (fgetc(p) != EOF) {} /* the rest, unread: kvt must not die of a closed pipe */
     return pclose(p);
 }
+static int cli_run(const char *args, char *out, size_t cap) { return cli_run_to(args, 0, out, cap); }
 /* The command line: bad flags give one clear line and a non-zero exit. */
 /* (The command runs through the shell with this process's environment, so a
  * setenv before the call reaches kvt.) */
@@ -1619,18 +1621,6 @@ static int rows_close(const float *got, const float *want, int rows, int V, doub
     return ok;
 }
 
-/* Run kvt with args and keep only its stdout (stderr dropped); the exit status. */
-static int cli_stdout(const char *args, char *out, size_t cap) {
-    char cmd[4096];
-    snprintf(cmd, sizeof(cmd), "%s %s 2>/dev/null", kvt_bin, args);
-    out[0] = '\0';
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    while (fgetc(p) != EOF) {}
-    return pclose(p);
-}
 static int count_of(const char *text, const char *sub) {
     int n = 0;
     size_t k = strlen(sub);
@@ -1653,11 +1643,11 @@ static void test_cli_trace(void) {
     char args[512], *plain = (char *)kvt_malloc(8192), *traced = (char *)kvt_malloc(8192);
     for (int i = 0; i < 5; i++) {
         snprintf(args, sizeof(args), "%s %s", R, runs[i]);
-        int rc1 = cli_stdout(args, plain, 8192);
+        int rc1 = cli_run_to(args, 1, plain, 8192);
         snprintf(args, sizeof(args), "%s %s --trace", R, runs[i]);
-        int rc2 = cli_stdout(args, traced, 8192);
+        int rc2 = cli_run_to(args, 1, traced, 4096); /* its second half holds the run with --trace FILE */
         snprintf(args, sizeof(args), "%s %s --trace %s", R, runs[i], tf);
-        int rc3 = cli_stdout(args, traced + 4096, 4096);
+        int rc3 = cli_run_to(args, 1, traced + 4096, 4096);
         size_t len = 0;
         char *trace = read_all(tf, &len);
         int n_steps = trace ? count_of(trace, "\n== after ") + !strncmp(trace, "== after ", 9) : -1;
