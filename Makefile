@@ -9,7 +9,7 @@
 #   make bench-targets  the CPU speed table of README.md (medians of 3 runs, ~20 min)
 #   make ppl CORPUS=file   perplexity of the default model per cache type
 #   make debug      -O0 -g build (-G for device code) for gdb / cuda-gdb
-#   make walkthrough  run the README's gdb sessions in batch mode (checks them)
+#   make walkthrough  run the README's gdb sessions in batch mode and its --trace captures (checks them)
 #   make fuzz       libFuzzer on the checkpoint loader, tokenizer loader, prompt encoder, command line
 #   make exercise N=k   check exercise k (README, Exercises); make exercises-selftest
 #   make nvcc-check compile the CUDA build for sm_80 and sm_90 (no GPU needed)
@@ -149,7 +149,8 @@ test-valgrind: deps
 	$(CC) -x c -std=c11 -Wall -Wextra -fopenmp -O1 -g $(BLAS_CFLAGS) kvtransformer.cu -o kvt-valgrind $(LIBS)
 	$(VALGRIND) ./kvt-valgrind -n 32 --stats
 	$(VALGRIND) ./kvt-valgrind --random 64,2,4,2,128,100,64 -n 16 --kv-dtype int8 --chunk 3 --device gpu --check
-	$(VALGRIND) ./kvt-valgrind --random 64,2,4,2,128,100,128 --prompt-tokens 40 --fork 3 -n 10 --chunk 4 --stats
+	$(VALGRIND) ./kvt-valgrind --random 64,2,4,2,128,100,128 --prompt-tokens 40 --fork 3 -n 10 --chunk 4 --stats \
+	  --trace /tmp/kvt-vg-trace.txt
 	$(VALGRIND) ./kvt-valgrind --tokens 1,22,56 -n 3 -t 0 --kv-cache off --dump-logits /tmp/kvt-vg.f32 --dump-tokens /tmp/kvt-vg.txt
 	$(VALGRIND) ./kvt-valgrind --bogus; test $$? = 1
 	@echo "[make] valgrind: no errors, no definitely lost bytes"
@@ -236,8 +237,10 @@ exercise: deps
 exercises-selftest:
 	bash exercises/selftest.sh
 
-walkthrough: debug
+# the README's gdb sessions (.ci/walkthrough.sh) and its captured --trace output (.ci/see-it.sh)
+walkthrough: debug kvt
 	bash .ci/walkthrough.sh
+	bash .ci/see-it.sh
 
 # CI has no GPU: this proves the CUDA path still compiles, warning-free.
 nvcc-check:

@@ -895,9 +895,13 @@ static kvt_status seq_reserve(kvt_pool *p, kvt_seq *s, int new_len, const char *
         pool_copy_chunk(p, fresh, s->table[i]);
         pool_release(p, s->table[i]);
         s->table[i] = fresh;
+        s->how[i] = 'c'; /* remembered for kvt_pool_print only */
         p->cow_copies++;
     }
-    while (s->n_table < want) s->table[s->n_table++] = pool_take(p);
+    for (; s->n_table < want; s->n_table++) {
+        s->table[s->n_table] = pool_take(p);
+        s->how[s->n_table] = 0;
+    }
     return KVT_OK;
 }
 
@@ -922,6 +926,7 @@ static int prefix_attach(kvt_pool *p, kvt_seq *s, const int *tokens, int n) {
         for (int c = 0; c < p->n_chunks && hit < 0; c++)
             if (p->refcount[c] > 0 && p->prefix_hash[c] == h) hit = c;
         if (hit < 0) break;
+        s->how[k] = '+';
         s->table[k++] = hit;
         p->refcount[hit]++;
     }
@@ -2048,6 +2053,11 @@ struct kvt_engine {
     /* counters for --stats */
     double t_prefill, t_decode;
     long n_prefill, n_decode;
+    /* The sequences made on this engine and not yet freed, oldest first: only
+     * kvt_pool_print reads this list (a debugger has the engine, not the CLI's
+     * array of sequences). next_id numbers them as kvt_seq_init makes them. */
+    kvt_seq *live;
+    int next_id;
 };
 
 /* The defaults, and why:
@@ -2219,17 +2229,39 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
 
 kvt_pool *kvt_engine_pool(kvt_engine *e) { return &e->pool; }
 
+/* The engine's list of live sequences: a new one goes last, so the list is in
+ * the order of the ids; a freed one is unlinked. The sequences are the
+ * caller's memory, so a kvt_seq must not be moved or copied while live. */
+static void seq_link(kvt_engine *e, kvt_seq *s) {
+    kvt_seq **at = &e->live, *prev = NULL;
+    while (*at) { prev = *at; at = &(*at)->live_next; }
+    *at = s;
+    s->live_prev = prev;
+    s->live_next = NULL;
+}
+static void seq_unlink(kvt_engine *e, kvt_seq *s) {
+    if (s->live_prev) s->live_prev->live_next = s->live_next;
+    else if (e->live == s) e->live = s->live_next;
+    if (s->live_next) s->live_next->live_prev = s->live_prev;
+    s->live_prev = s->live_next = NULL;
+}
+
 /* A sequence starts empty: no chunk is taken until its first forward call. */
 kvt_status kvt_seq_init(kvt_engine *e, kvt_seq *s) {
     memset(s, 0, sizeof(*s));
     s->max_table = kvt_cdiv(e->m->c.seq_len, e->pool.CH);
     s->table = (int *)malloc((size_t)s->max_table * sizeof(int));
     s->tokens = (int *)malloc((size_t)e->m->c.seq_len * sizeof(int));
-    if (!s->table || !s->tokens) {
+    s->how = (char *)calloc((size_t)s->max_table, 1);
+    if (!s->table || !s->tokens || !s->how) {
         free(s->table);
         free(s->tokens);
+        free(s->how);
+        memset(s, 0, sizeof(*s)); /* so that kvt_seq_free on it does nothing */
         return kvt_fail(KVT_ENOMEM, "host out of memory (chunk table)");
     }
+    s->id = e->next_id++;
+    seq_link(e, s);
     return KVT_OK;
 }
 /* Give every chunk back (a shared chunk only loses one reference). */
@@ -2238,11 +2270,16 @@ void kvt_seq_reset(kvt_engine *e, kvt_seq *s) {
     s->n_table = 0;
     s->len = 0;
 }
-/* Give the chunks back (kvt_seq_reset) and free the handle's own arrays. */
+/* Give the chunks back (kvt_seq_reset), leave the engine's list of live
+ * sequences, and free the handle's own arrays. */
 void kvt_seq_free(kvt_engine *e, kvt_seq *s) {
-    if (s->table) kvt_seq_reset(e, s);
+    if (s->table) { /* else never made, or freed already */
+        kvt_seq_reset(e, s);
+        seq_unlink(e, s);
+    }
     free(s->table);
     free(s->tokens);
+    free(s->how);
     memset(s, 0, sizeof(*s));
 }
 
@@ -2263,10 +2300,44 @@ kvt_status kvt_seq_fork(kvt_engine *e, kvt_seq *dst, const kvt_seq *src) {
     return KVT_OK;
 }
 
+/* The engine's live sequences as an array (NULL when there are none): the
+ * form kvt_pool_check and kvt_pool_print_seqs take. */
+static const kvt_seq **live_array(kvt_engine *e, int *n) {
+    *n = 0;
+    for (const kvt_seq *s = e->live; s; s = s->live_next) (*n)++;
+    const kvt_seq **a = *n ? (const kvt_seq **)kvt_malloc((size_t)*n * sizeof(*a)) : NULL;
+    int i = 0;
+    for (const kvt_seq *s = e->live; s; s = s->live_next) a[i++] = s;
+    return a;
+}
+/* The markers kvt_pool_print shows are bookkeeping too: each is 0, 'c' or
+ * '+', and a '+' entry (attached by prefix reuse) is a full chunk whose
+ * prefix hash is still set (a hash is cleared only when the chunk is freed). */
+static kvt_status seq_marks_check(const kvt_pool *p, const kvt_seq *s) {
+    for (int j = 0; j < s->n_table; j++) {
+        char h = s->how[j];
+        int c = s->table[j];
+        if (h != 0 && h != 'c' && h != '+')
+            return kvt_fail(KVT_EPOOL, "pool check: sequence %d, table entry %d: unknown marker %d", s->id, j, h);
+        if (h == '+' && c >= 0 && ((j + 1) * p->CH > s->len || p->prefix_hash[c] == 0))
+            return kvt_fail(KVT_EPOOL, "pool check: sequence %d, table entry %d (chunk %d) was attached by prefix "
+                            "reuse but is not a full chunk with a prefix hash", s->id, j, c);
+    }
+    return KVT_OK;
+}
+
 /* Consistency of the pool given all live sequences: every chunk's refcount is
  * the number of tables that hold it, and no chunk is both free and held. */
 kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
     kvt_pool *p = &e->pool;
+    if (!seqs) { /* the engine's own list */
+        int n;
+        const kvt_seq **all = live_array(e, &n);
+        static const kvt_seq *none[1];
+        kvt_status st = kvt_pool_check(e, all ? all : none, n);
+        free(all);
+        return st;
+    }
     int *refs = (int *)calloc((size_t)p->n_chunks, sizeof(int)), bad = -1;
     if (!refs) return kvt_fail(KVT_ENOMEM, "host out of memory (pool check)");
     for (int i = 0; i < n_seqs; i++)
@@ -2279,6 +2350,10 @@ kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs)
     if (bad >= 0)
         return kvt_fail(KVT_EPOOL, "pool check: chunk %d has refcount %d but %d table references%s", bad,
                         p->refcount[bad], r % (1 << 20), r >= (1 << 20) ? " and is on the free list" : "");
+    for (int i = 0; i < n_seqs; i++) {
+        kvt_status st = seq_marks_check(p, seqs[i]);
+        if (st != KVT_OK) return st;
+    }
     return KVT_OK;
 }
 
@@ -2513,6 +2588,97 @@ void kvt_cache_usage_of(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs, k
     u->slots_allocated = (long)u->chunks_used * p->CH;
     u->bytes_used = chunk_bytes * u->chunks_used;
     u->bytes_unshared = chunk_bytes * (double)tables;
+}
+
+/* The pool as text (the format is in kvtransformer.h): what --trace prints
+ * after each forward call, and what `call kvt_pool_print(stdout, e)` shows in
+ * gdb. It reads only the host's bookkeeping (refcounts, free list, tables,
+ * markers), which stays on the host whichever device holds the chunks' data,
+ * so it works in every build, mid-forward too. */
+#define KVT_POOL_ROW 64    /* chunks per row of the pool's map */
+#define KVT_POOL_DRAWN 512 /* chunks drawn; a larger pool's rest is counted, not drawn */
+
+void kvt_pool_legend(FILE *f) {
+    fprintf(f, "legend: seq N [ its chunk table, in order ] len T; an entry is a chunk id, then\n"
+               "  * shared (refcount > 1), then c copied on write or + attached by prefix reuse;\n"
+               "  (f/CH) the last chunk holds f of CH positions; pool: one character per chunk,\n"
+               "  . free, # held by one table, * shared; saves: (table entries - chunks in use)\n");
+    fflush(f);
+}
+/* seq 1 [ 0* 3c 7+ (2/4) ] len 14 */
+static void pool_print_seq(FILE *f, const kvt_pool *p, const kvt_seq *s) {
+    fprintf(f, "seq %d [", s->id);
+    for (int j = 0; j < s->n_table; j++) {
+        int c = s->table[j], h = s->how[j];
+        if (c < 0) { fprintf(f, " -"); continue; } /* an entry that holds no chunk */
+        fprintf(f, " %d%s%s", c, p->refcount[c] > 1 ? "*" : "", h == 'c' ? "c" : h == '+' ? "+" : "");
+    }
+    /* Positions in the last chunk. Below 0 only in a debugger, mid-forward:
+     * chunks are taken before the call and len grows after it (§15). */
+    int fill = s->len - (s->n_table - 1) * p->CH;
+    if (s->n_table > 0 && fill < p->CH) fprintf(f, " (%d/%d)", fill > 0 ? fill : 0, p->CH);
+    fprintf(f, " ] len %d\n", s->len);
+}
+/* pool [*##.#...], one character per chunk from its refcount; rows of 64 */
+static void pool_print_map(FILE *f, const kvt_pool *p) {
+    int n = p->n_chunks, drawn = n < KVT_POOL_DRAWN ? n : KVT_POOL_DRAWN, used = 0, shared = 0;
+    char row[KVT_POOL_ROW + 1];
+    for (int r0 = 0; r0 < drawn; r0 += KVT_POOL_ROW) {
+        int k = drawn - r0 < KVT_POOL_ROW ? drawn - r0 : KVT_POOL_ROW;
+        for (int i = 0; i < k; i++) {
+            int rc = p->refcount[r0 + i];
+            row[i] = rc == 0 ? '.' : rc == 1 ? '#' : '*';
+        }
+        row[k] = '\0';
+        fprintf(f, "%s[%s]", r0 ? "     " : "pool ", row);
+        if (n > KVT_POOL_ROW) fprintf(f, " %d..%d", r0, r0 + k - 1); /* which chunks this row shows */
+        fprintf(f, "\n");
+    }
+    if (drawn == n) return;
+    for (int c = drawn; c < n; c++) {
+        used += p->refcount[c] > 0;
+        shared += p->refcount[c] > 1;
+    }
+    fprintf(f, "     + chunks %d..%d not drawn: in use %d, shared %d, free %d\n", drawn, n - 1, used, shared,
+            n - drawn - used);
+}
+/* The totals, from the refcounts alone (not from the tables printed above), so
+ * that a sequence missing from the list, or a refcount gone wrong, shows as a
+ * difference: every table entry holds one reference, so the entries beyond
+ * one per chunk in use are the chunks that sharing saves. "free" is the free
+ * list's count: in use + free = the pool, when the bookkeeping is right. */
+static void pool_print_totals(FILE *f, const kvt_pool *p) {
+    int used = 0, shared = 0;
+    long entries = 0;
+    for (int c = 0; c < p->n_chunks; c++) {
+        used += p->refcount[c] > 0;
+        shared += p->refcount[c] > 1;
+        entries += p->refcount[c];
+    }
+    /* bytes per chunk, int8's scales included, as kvt_cache_usage_of counts them */
+    double bits = (double)kvt_dtype_bits(p->dtype) + (p->scales ? 32.0 / p->G : 0.0);
+    double chunk_bytes = (double)p->chunk_elems * bits / 8.0;
+    fprintf(f, "totals: in use %d, free %d, shared %d (of %d chunks); %ld table entries: sharing saves %ld x %.0f "
+            "= %.0f bytes\n", used, p->n_free, shared, p->n_chunks, entries, entries - used, chunk_bytes,
+            chunk_bytes * (double)(entries - used));
+}
+
+void kvt_pool_print_seqs(FILE *f, kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
+    const kvt_pool *p = &e->pool;
+    if (!e->o.kv_cache) {
+        fprintf(f, "kv cache off: every step recomputes the whole sequence, so there is no pool to show\n");
+    } else {
+        for (int i = 0; i < n_seqs; i++) pool_print_seq(f, p, seqs[i]);
+        pool_print_map(f, p);
+        pool_print_totals(f, p);
+    }
+    fflush(f); /* in gdb, the text appears at once */
+}
+void kvt_pool_print(FILE *f, kvt_engine *e) {
+    int n;
+    const kvt_seq **all = live_array(e, &n);
+    kvt_pool_print_seqs(f, e, all, n);
+    free(all);
 }
 
 /* Read one cached position back as fp32 (tests and debugging): copy its KVD

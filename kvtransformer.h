@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h> /* FILE, for kvt_pool_print */
 
 #ifdef __cplusplus
 extern "C" {
@@ -136,12 +137,16 @@ typedef struct {
     long prefix_misses;  /* prompt chunks that had to be computed */
 } kvt_pool;
 
-typedef struct {
+typedef struct kvt_seq {
     int len;          /* T: positions cached */
     int n_table;      /* chunks owned (ceil(len / CH) after a forward) */
     int max_table;    /* ceil(TMAX / CH) */
     int *table;       /* (max_table) logical chunk -> physical chunk id */
     int *tokens;      /* (TMAX) the tokens whose K/V are cached (for prefix reuse) */
+    char *how;        /* (max_table) how this sequence got each entry's chunk: 0 taken from the pool
+                       * (or shared by kvt_seq_fork), 'c' copied on write, '+' attached by prefix reuse */
+    int id;           /* 0, 1, 2, ... in the order kvt_seq_init made them on this engine */
+    struct kvt_seq *live_prev, *live_next; /* the engine's list of live sequences (kvt_pool_print) */
 } kvt_seq;
 
 /* ---- engine: a model on a device with a pool and scratch buffers -------- */
@@ -178,8 +183,36 @@ void kvt_seq_free(kvt_engine *e, kvt_seq *s);
 /* dst shares all of src's chunks (refcounts go up); writing copies a shared
  * partly filled chunk first (copy-on-write). */
 kvt_status kvt_seq_fork(kvt_engine *e, kvt_seq *dst, const kvt_seq *src);
-/* Refcounts match the tables of these live sequences; nothing free is held. */
+/* Refcounts match the tables of these live sequences; nothing free is held; each
+ * '+' entry (how) is a full chunk that still has its prefix hash. seqs NULL: the
+ * engine's own list of live sequences (made by kvt_seq_init or _fork, not yet freed). */
 kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs);
+
+/* The pool as plain ASCII text, for --trace, the tests and gdb (`call
+ * kvt_pool_print(stdout, e)`). It only reads (refcounts, free list, tables) and
+ * flushes f. One line per sequence, its table in order, then the pool, then totals
+ * (here: a second request that found the first 3 chunks of a live one cached):
+ *
+ *   seq 0 [ 0* 1* 2* 3 4 (3/4) ] len 19
+ *   seq 1 [ 0*+ 1*+ 2*+ 5 6 (2/4) ] len 18
+ *   pool [***####.........]
+ *   totals: in use 7, free 9, shared 3 (of 16 chunks); 10 table entries: sharing saves 3 x 4096 = 12288 bytes
+ *
+ * seq N: the sequence's id; each entry is a chunk id, then * when the chunk is shared
+ * (refcount > 1), then c when this sequence copied it on write (2c), or + when it
+ * attached it by prefix reuse; (f/CH): the last chunk holds f < CH positions; len T.
+ * An entry < 0 holds no chunk and shows as -. pool: one character per chunk, . free,
+ * # held by one table, * shared, 64 to a row; a pool of more than 64 follows each row
+ * with the chunk ids it shows (0..63), draws the first 512 and counts the rest on one
+ * line ("+ chunks 512..4095 not drawn: in use 3, shared 1, free 3581"). totals: from
+ * the refcounts alone; table entries - chunks in use = the chunks sharing saves
+ * (bytes_unshared - bytes_used of kvt_cache_usage_of). With the cache off (kv_cache
+ * 0), one line says so instead. */
+void kvt_pool_print_seqs(FILE *f, kvt_engine *e, const kvt_seq *const *seqs, int n_seqs);
+/* The same for every live sequence of the engine, in the order they were made. */
+void kvt_pool_print(FILE *f, kvt_engine *e);
+/* That format's legend, 4 lines (--trace prints it once, first). */
+void kvt_pool_legend(FILE *f);
 
 /* Run n new tokens at positions seq->len .. seq->len+n-1. They attend causally to
  * the cached positions and to each other; their K/V are appended to the cache.

@@ -382,6 +382,7 @@ static void attn_run(const acase *c, int gpu, int impl, int split_len, float *ou
     kvt_seq s;
     memset(&s, 0, sizeof(s));
     s.table = (int *)kvt_malloc((size_t)kvt_cdiv(c->TMAX, c->CH) * sizeof(int));
+    s.how = (char *)kvt_malloc((size_t)kvt_cdiv(c->TMAX, c->CH));
     KVT_ASSERT(seq_reserve(&p, &s, c->T, "test") == KVT_OK);
     s.len = c->T;
     float *K = frand((size_t)c->T * KVD, 1.0f, 21), *V = frand((size_t)c->T * KVD, 1.0f, 22);
@@ -434,7 +435,7 @@ static void attn_run(const acase *c, int gpu, int impl, int split_len, float *ou
     }
     buf_free(gpu, d_tables); buf_free(gpu, d_pos); buf_free(gpu, d_len); buf_free(gpu, d_tab);
     buf_free(gpu, dK); buf_free(gpu, dV); buf_free(gpu, dK0); buf_free(gpu, dq); buf_free(gpu, dout);
-    free(s.table); free(all); free(K); free(V); free(K0); free(q); free(pos); free(len); free(tab);
+    free(s.table); free(s.how); free(all); free(K); free(V); free(K0); free(q); free(pos); free(len); free(tab);
     pool_free(&p);
 }
 
@@ -547,6 +548,7 @@ static void test_attention_ragged(int gpu) {
         for (int i = 0; i < NSEQ; i++) {
             memset(&s[i], 0, sizeof(s[i]));
             s[i].table = (int *)kvt_malloc((size_t)kvt_cdiv(TMAX, CH) * sizeof(int));
+            s[i].how = (char *)kvt_malloc((size_t)kvt_cdiv(TMAX, CH));
             KVT_ASSERT(seq_reserve(&p, &s[i], len[i], "test") == KVT_OK);
             s[i].len = len[i];
             tab[i] = ntab;
@@ -624,7 +626,7 @@ static void test_attention_ragged(int gpu) {
         }
         buf_free(gpu, d_tables); buf_free(gpu, d_pos); buf_free(gpu, d_len); buf_free(gpu, d_tab);
         buf_free(gpu, dq); buf_free(gpu, dout); buf_free(gpu, scratch);
-        for (int i = 0; i < NSEQ; i++) free(s[i].table);
+        for (int i = 0; i < NSEQ; i++) { free(s[i].table); free(s[i].how); }
         free(rpos); free(rlen); free(rtab); free(q); free(ref); free(Kd); free(Vd);
         pool_free(&p);
     }
@@ -1151,6 +1153,236 @@ static void test_fork_memory(void) {
     kvt_model_free(&m);
 }
 
+// ---- the pool printer (--trace, kvt_pool_print) ------------------------------------------
+
+/* What the printer writes, as a string: every live sequence (all) or the given ones. */
+static char *pool_text(kvt_engine *e, const kvt_seq *const *seqs, int n, int all) {
+    FILE *f = tmpfile();
+    KVT_ASSERT(f);
+    if (all) kvt_pool_print(f, e);
+    else kvt_pool_print_seqs(f, e, seqs, n);
+    long len = ftell(f);
+    KVT_ASSERT(len >= 0);
+    rewind(f);
+    char *text = (char *)kvt_malloc((size_t)len + 1);
+    text[fread(text, 1, (size_t)len, f)] = '\0';
+    fclose(f);
+    return text;
+}
+/* An exact comparison of two texts; on a mismatch the first differing line of
+ * each, then both texts whole, line by line (want| and got |). */
+static void expect_text(const char *what, const char *got, const char *want) {
+    if (!strcmp(got, want)) { expect(1, "%s", what); return; }
+    int line = 1;
+    const char *g = got, *w = want;
+    while (*g && *g == *w) { if (*g == '\n') line++; g++; w++; }
+    while (g > got && g[-1] != '\n') { g--; w--; } /* back to the start of that line */
+    expect(0, "%s: line %d differs:\n  want| %.*s\n  got | %.*s", what, line, (int)strcspn(w, "\n"), w,
+           (int)strcspn(g, "\n"), g);
+    printf("  want (whole):\n");
+    for (const char *p = want; *p; p += strcspn(p, "\n") + (p[strcspn(p, "\n")] != '\0'))
+        printf("  want| %.*s\n", (int)strcspn(p, "\n"), p);
+    printf("  got (whole):\n");
+    for (const char *p = got; *p; p += strcspn(p, "\n") + (p[strcspn(p, "\n")] != '\0'))
+        printf("  got | %.*s\n", (int)strcspn(p, "\n"), p);
+}
+
+/* The totals line of a trace (its last one, when there are several steps). */
+typedef struct { int used, free, shared, n; long entries, saves; double chunk_bytes, bytes; } trace_totals;
+static int trace_totals_of(const char *text, trace_totals *t) {
+    const char *p = NULL;
+    for (const char *q = strstr(text, "totals: "); q; q = strstr(q + 1, "totals: ")) p = q;
+    return p && sscanf(p, "totals: in use %d, free %d, shared %d (of %d chunks); %ld table entries: sharing saves "
+                       "%ld x %lf = %lf bytes", &t->used, &t->free, &t->shared, &t->n, &t->entries, &t->saves,
+                       &t->chunk_bytes, &t->bytes) == 8;
+}
+/* The totals kvt_pool_print shows equal what kvt_cache_usage_of (--stats)
+ * computes for the live sequences, what the tables themselves say (chunks in
+ * two tables or more are the shared ones), and kvt_pool_check passes, both
+ * with the caller's list and with the engine's own. */
+static void check_trace_totals(kvt_engine *e, const kvt_seq *const *live, int n, const char *step) {
+    char *text = pool_text(e, NULL, 0, 1);
+    trace_totals t;
+    memset(&t, 0, sizeof(t));
+    kvt_cache_usage u;
+    kvt_cache_usage_of(e, live, n, &u);
+    int *holders = (int *)calloc((size_t)e->pool.n_chunks, sizeof(int)), shared = 0;
+    long entries = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < live[i]->n_table; j++) { holders[live[i]->table[j]]++; entries++; }
+    for (int c = 0; c < e->pool.n_chunks; c++) shared += holders[c] > 1;
+    free(holders);
+    int parsed = trace_totals_of(text, &t);
+    int check = kvt_pool_check(e, live, n) == KVT_OK, check_own = kvt_pool_check(e, NULL, 0) == KVT_OK;
+    expect(parsed && t.used == u.chunks_used && t.free == e->pool.n_free && t.used + t.free == t.n &&
+           t.entries == entries && t.shared == shared && t.saves == t.entries - t.used &&
+           fabs(t.bytes - (u.bytes_unshared - u.bytes_used)) < 0.5 && check && check_own,
+           "trace totals %s: in use %d (--stats %d), shared %d (tables %d), %ld entries (tables %ld), saves %.0f "
+           "bytes (--stats %.0f); kvt_pool_check %s, on the engine's list %s", step, t.used, u.chunks_used, t.shared,
+           shared, t.entries, entries, t.bytes, u.bytes_unshared - u.bytes_used, check ? "ok" : "FAILS",
+           check_own ? "ok" : "FAILS");
+    free(text);
+}
+
+/* Issue 16: the trace of a small scenario against text written by hand from
+ * the rules (kvtransformer.h): a prefill of 6 tokens with CH 4 (chunks 0, 1;
+ * the second 2/4 full), a fork, a decode into the fork (copy-on-write of the
+ * shared partial chunk into the next free chunk, 2), the parent freed (chunk
+ * 1 back on top of the free stack), the same prompt again (chunk 0 attached by
+ * prefix reuse, chunk 1 taken for positions 4-5), a batch step, all freed.
+ * Chunk bytes: L 2 x (K, V) x CH 4 x NKV 2 x HS 8 = 256 floats = 1024 bytes. */
+static void test_trace_scenario(int gpu) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 2, 4, 2, 64, 53, 64), 17) == KVT_OK);
+    int V = 53, toks[8];
+    kvt_fake_tokens(toks, 8, V);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = gpu ? KVT_GPU : KVT_CPU;
+    o.CH = 4;
+    o.max_seqs = 2;
+    o.n_chunks = 8;
+    kvt_engine *e;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    kvt_seq a, b, c;
+    float lg[2 * 53];
+    const char *dev = gpu ? "gpu" : "cpu";
+    char what[96];
+    struct { const char *step, *want; } step[] = {
+        {"prefill of 6",
+         "seq 0 [ 0 1 (2/4) ] len 6\n"
+         "pool [##......]\n"
+         "totals: in use 2, free 6, shared 0 (of 8 chunks); 2 table entries: sharing saves 0 x 1024 = 0 bytes\n"},
+        {"fork",
+         "seq 0 [ 0* 1* (2/4) ] len 6\n"
+         "seq 1 [ 0* 1* (2/4) ] len 6\n"
+         "pool [**......]\n"
+         "totals: in use 2, free 6, shared 2 (of 8 chunks); 4 table entries: sharing saves 2 x 1024 = 2048 bytes\n"},
+        {"copy-on-write",
+         "seq 0 [ 0* 1 (2/4) ] len 6\n"
+         "seq 1 [ 0* 2c (3/4) ] len 7\n"
+         "pool [*##.....]\n"
+         "totals: in use 3, free 5, shared 1 (of 8 chunks); 4 table entries: sharing saves 1 x 1024 = 1024 bytes\n"},
+        {"parent freed",
+         "seq 1 [ 0 2c (3/4) ] len 7\n"
+         "pool [#.#.....]\n"
+         "totals: in use 2, free 6, shared 0 (of 8 chunks); 2 table entries: sharing saves 0 x 1024 = 0 bytes\n"},
+        {"prefix hit",
+         "seq 1 [ 0* 2c (3/4) ] len 7\n"
+         "seq 2 [ 0*+ 1 (2/4) ] len 6\n"
+         "pool [*##.....]\n"
+         "totals: in use 3, free 5, shared 1 (of 8 chunks); 4 table entries: sharing saves 1 x 1024 = 1024 bytes\n"},
+        {"batch step",
+         "seq 1 [ 0* 2c ] len 8\n"
+         "seq 2 [ 0*+ 1 (3/4) ] len 7\n"
+         "pool [*##.....]\n"
+         "totals: in use 3, free 5, shared 1 (of 8 chunks); 4 table entries: sharing saves 1 x 1024 = 1024 bytes\n"},
+        {"all freed",
+         "pool [........]\n"
+         "totals: in use 0, free 8, shared 0 (of 8 chunks); 0 table entries: sharing saves 0 x 1024 = 0 bytes\n"},
+    };
+    const kvt_seq *live[2];
+    for (int k = 0; k < 7; k++) {
+        int n = 0;
+        if (k == 0) { kvt_seq_init(e, &a); KVT_ASSERT(kvt_forward(e, &a, toks, 6, lg, 0) == KVT_OK); }
+        if (k == 1) KVT_ASSERT(kvt_seq_fork(e, &b, &a) == KVT_OK);
+        if (k == 2) KVT_ASSERT(kvt_forward(e, &b, toks + 6, 1, lg, 0) == KVT_OK);
+        if (k == 3) kvt_seq_free(e, &a);
+        if (k == 4) { kvt_seq_init(e, &c); KVT_ASSERT(kvt_forward(e, &c, toks, 6, lg, 0) == KVT_OK); }
+        if (k == 5) {
+            kvt_seq *batch[2] = {&b, &c};
+            int next[2] = {toks[7], toks[6]}, ones[2] = {1, 1};
+            KVT_ASSERT(kvt_forward_batch(e, batch, 2, next, ones, lg) == KVT_OK);
+        }
+        if (k == 6) { kvt_seq_free(e, &b); kvt_seq_free(e, &c); }
+        if (k < 3) live[n++] = &a;
+        if (k >= 1 && k < 6) live[n++] = &b;
+        if (k >= 4 && k < 6) live[n++] = &c;
+        char *got = pool_text(e, NULL, 0, 1);
+        snprintf(what, sizeof(what), "trace by hand (%s), step %d: %s", dev, k + 1, step[k].step);
+        expect_text(what, got, step[k].want);
+        free(got);
+        snprintf(what, sizeof(what), "(%s) after step %d, %s", dev, k + 1, step[k].step);
+        check_trace_totals(e, live, n, what);
+        if (k == 2) { /* the markers are bookkeeping kvt_pool_check reads too */
+            b.how[1] = '+'; /* chunk 2 is partly filled: prefix reuse never attaches such a chunk */
+            kvt_status st1 = kvt_pool_check(e, live, n);
+            b.how[1] = 'x';
+            kvt_status st2 = kvt_pool_check(e, NULL, 0);
+            b.how[1] = 'c';
+            expect(st1 == KVT_EPOOL && st2 == KVT_EPOOL && kvt_pool_check(e, live, n) == KVT_OK,
+                   "kvt_pool_check (%s) refuses a '+' on a partly filled chunk and an unknown marker: %s", dev,
+                   kvt_last_error());
+        }
+    }
+    kvt_engine_free(e);
+    kvt_model_free(&m);
+}
+
+/* The contiguous layout (CH = TMAX: one chunk per sequence), a pool too large
+ * to draw (rows of 64 with their chunk ids, 512 drawn, the rest counted), and
+ * the cache off, each against text written from the rules. */
+static void test_trace_shapes(void) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 1, 4, 2, 64, 53, 600), 18) == KVT_OK);
+    int toks[600];
+    kvt_fake_tokens(toks, 600, 53);
+    float lg[53];
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.CH = 600; /* = TMAX: the classic preallocated buffer; chunk = 1 x 2 x 600 x 2 x 8 floats = 76800 bytes */
+    o.max_seqs = 2;
+    kvt_engine *e;
+    kvt_seq a, b;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    kvt_seq_init(e, &a);
+    KVT_ASSERT(kvt_forward(e, &a, toks, 6, lg, 0) == KVT_OK);
+    KVT_ASSERT(kvt_seq_fork(e, &b, &a) == KVT_OK);
+    KVT_ASSERT(kvt_forward(e, &b, toks + 6, 1, lg, 0) == KVT_OK);
+    char *got = pool_text(e, NULL, 0, 1);
+    expect_text("trace by hand: CH = TMAX 600, a sequence of 6 and its fork with 1 more (copied on write)", got,
+                "seq 0 [ 0 (6/600) ] len 6\n"
+                "seq 1 [ 1c (7/600) ] len 7\n"
+                "pool [##]\n"
+                "totals: in use 2, free 0, shared 0 (of 2 chunks); 2 table entries: sharing saves 0 x 76800 = "
+                "0 bytes\n");
+    free(got);
+    kvt_seq_free(e, &a);
+    kvt_seq_free(e, &b);
+    kvt_engine_free(e);
+    /* CH 1, 600 chunks; a sequence of 520 positions (chunks 0..519) and its fork: all 520 shared */
+    o.CH = 1;
+    o.max_seqs = 1;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    kvt_seq_init(e, &a);
+    KVT_ASSERT(kvt_forward(e, &a, toks, 520, lg, 0) == KVT_OK);
+    KVT_ASSERT(kvt_seq_fork(e, &b, &a) == KVT_OK);
+    char want[2048], row[65];
+    memset(row, '*', 64);
+    row[64] = '\0';
+    int k = 0;
+    for (int r = 0; r < 8; r++)
+        k += sprintf(want + k, "%s[%s] %d..%d\n", r ? "     " : "pool ", row, 64 * r, 64 * r + 63);
+    sprintf(want + k, "     + chunks 512..599 not drawn: in use 8, shared 8, free 80\n"
+            "totals: in use 520, free 80, shared 520 (of 600 chunks); 1040 table entries: sharing saves 520 x 128 = "
+            "66560 bytes\n");
+    got = pool_text(e, NULL, 0, 0); /* no sequence lines: the map and the totals */
+    expect_text("trace by hand: a pool of 600 chunks, 520 shared: 8 rows of 64, the rest counted", got, want);
+    free(got);
+    kvt_seq_free(e, &a);
+    kvt_seq_free(e, &b);
+    kvt_engine_free(e);
+    o.kv_cache = 0;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    got = pool_text(e, NULL, 0, 1);
+    expect_text("trace by hand: the cache off", got,
+                "kv cache off: every step recomputes the whole sequence, so there is no pool to show\n");
+    free(got);
+    kvt_engine_free(e);
+    kvt_model_free(&m);
+}
+
 // ---- bad input ---------------------------------------------------------------------------
 
 static int write_checkpoint(const char *path, const kvt_model *m, long cut, int extra) {
@@ -1275,10 +1507,11 @@ static void test_bad_input(void) {
 }
 
 /* Run kvt with args (through the shell: redirections work) and keep the
- * first cap - 1 bytes of stdout + stderr; returns the exit status (-1: not run). */
-static int cli_run(const char *args, char *out, size_t cap) {
+ * first cap - 1 bytes of stdout + stderr (with stdout_only, of stdout alone:
+ * stderr is dropped); returns the exit status (-1: not run). */
+static int cli_run_to(const char *args, int stdout_only, char *out, size_t cap) {
     char cmd[4096];
-    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", kvt_bin, args);
+    snprintf(cmd, sizeof(cmd), "%s %s %s", kvt_bin, args, stdout_only ? "2>/dev/null" : "2>&1");
     out[0] = '\0';
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
@@ -1287,6 +1520,7 @@ static int cli_run(const char *args, char *out, size_t cap) {
     while (fgetc(p) != EOF) {} /* the rest, unread: kvt must not die of a closed pipe */
     return pclose(p);
 }
+static int cli_run(const char *args, char *out, size_t cap) { return cli_run_to(args, 0, out, cap); }
 /* The command line: bad flags give one clear line and a non-zero exit. */
 /* (The command runs through the shell with this process's environment, so a
  * setenv before the call reaches kvt.) */
@@ -1403,6 +1637,84 @@ static int rows_close(const float *got, const float *want, int rows, int V, doub
         *worst = fmax(*worst, mx > 0 ? err / mx : err);
     }
     return ok;
+}
+
+static int count_of(const char *text, const char *sub) {
+    int n = 0;
+    size_t k = strlen(sub);
+    for (const char *p = text; *p; p++) n += !strncmp(p, sub, k);
+    return n;
+}
+/* --trace on the command line: stdout as without it, the trace on stderr or in
+ * a file, one step per forward call (and one for the forks), the totals equal
+ * to --stats', every layout; a file that cannot be written is refused. */
+static void test_cli_trace(void) {
+    FILE *f = fopen(kvt_bin, "rb");
+    if (!f) { skip("--trace on the command line (no kvt binary given)"); return; }
+    fclose(f);
+    const char *R = "--random 32,1,4,2,64,50,32", *tf = "/tmp/kvt_test_trace.txt";
+    const char *runs[] = {"-n 8 -t 0 --chunk 4", "--fork 3 -n 5 --chunk 4 --prompt-tokens 6 -t 0",
+                          "--fork 3 -n 5 --chunk 4 --prompt-tokens 6 -t 0 --fork-share off", "-n 5 -t 0 --chunk 32",
+                          "-n 5 -t 0 --kv-cache off"};
+    /* forward calls each run makes: prefill + 7 steps; prefill, forks, 4 batches; 3 prefills, 4; 1 + 4; none traced */
+    int steps[] = {8, 6, 7, 5, 0};
+    char args[512], *plain = (char *)kvt_malloc(8192), *traced = (char *)kvt_malloc(8192);
+    for (int i = 0; i < 5; i++) {
+        snprintf(args, sizeof(args), "%s %s", R, runs[i]);
+        int rc1 = cli_run_to(args, 1, plain, 8192);
+        snprintf(args, sizeof(args), "%s %s --trace", R, runs[i]);
+        int rc2 = cli_run_to(args, 1, traced, 4096); /* its second half holds the run with --trace FILE */
+        snprintf(args, sizeof(args), "%s %s --trace %s", R, runs[i], tf);
+        int rc3 = cli_run_to(args, 1, traced + 4096, 4096);
+        size_t len = 0;
+        char *trace = read_all(tf, &len);
+        int n_steps = trace ? count_of(trace, "\n== after ") + !strncmp(trace, "== after ", 9) : -1;
+        int off = i == 4 && trace && count_of(trace, "kv cache off") == 1 && !strstr(trace, "totals:");
+        expect(rc1 == 0 && rc2 == 0 && rc3 == 0 && !strcmp(plain, traced) && !strcmp(plain, traced + 4096) && trace &&
+               (i < 4 ? strstr(trace, "legend: ") == trace && n_steps == steps[i] &&
+                count_of(trace, "totals: ") == steps[i] : off),
+               "cli %s: stdout the same with --trace and --trace FILE; FILE holds %s (%d steps, want %d)", runs[i],
+               i < 4 ? "the legend, then one step per forward call" : "one line: the cache is off", n_steps, steps[i]);
+        free(trace);
+    }
+    /* the last trace's totals = --stats' figures */
+    char out[4096];
+    snprintf(args, sizeof(args), "%s --fork 3 -n 5 --chunk 4 --prompt-tokens 6 -t 0 --stats --trace %s", R, tf);
+    int rc = cli_run(args, out, sizeof(out));
+    size_t len;
+    char *trace = read_all(tf, &len);
+    trace_totals t;
+    memset(&t, 0, sizeof(t));
+    int used = -1;
+    double bytes = -1, unshared = -1;
+    const char *su = strstr(out, "[stats] chunks in use "), *ss = strstr(out, "% saved)");
+    if (su) sscanf(su, "[stats] chunks in use %d", &used);
+    while (ss && ss > out && strncmp(ss, "; ", 2)) ss--; /* "; X bytes vs Y without sharing (Z% saved)" */
+    if (ss) sscanf(ss, "; %lf bytes vs %lf without sharing", &bytes, &unshared);
+    int ok = rc == 0 && trace && trace_totals_of(trace, &t);
+    expect(ok && t.used == used && fabs(t.bytes - (unshared - bytes)) < 0.5,
+           "cli --fork 3 --stats --trace: the last trace's totals (in use %d, saves %.0f bytes) = --stats' (%d, %.0f)",
+           ok ? t.used : -1, ok ? t.bytes : -1, used, unshared - bytes);
+    free(trace);
+    /* a file that cannot be written; --trace with no value before another flag; runs that are not generation */
+    cli_expect("--random 32,1,4,2,64,50,32 -n 2 --trace /nonexistent/dir/trace.txt", 0,
+               "--trace: cannot write '/nonexistent/dir/trace.txt': No such file or directory");
+    cli_expect("--random 32,1,4,2,64,50,32 --trace -n 2 -t 0 --chunk 4", 1,
+               "== after decode step 1: seq 0, position 8");
+    cli_expect("--random 32,1,4,2,64,50,32 --bench attention --trace", 0,
+               "--trace shows the cache of a generation run");
+    /* prefix reuse through --prompts (the default model): the second prompt attaches the first's full chunks */
+    write_text("/tmp/kvt_test_prompts.txt", "ROMEO: Good morrow\nROMEO: Good night\n", 37);
+    snprintf(args, sizeof(args), "--prompts /tmp/kvt_test_prompts.txt --chunk 4 --chunks 16 -n 1 -t 0 --trace %s", tf);
+    rc = cli_run(args, out, sizeof(out));
+    trace = read_all(tf, &len);
+    expect(rc == 0 && trace && strstr(trace, "seq 1 [ 0*+ 1*+ 2*+ 5 6 (2/4) ] len 18\n") &&
+           strstr(trace, "the first 12 found cached (prefix reuse)"),
+           "cli --prompts --trace: the second prompt attaches chunks 0-2 by prefix reuse ('+')");
+    free(trace);
+    remove(tf);
+    free(plain);
+    free(traced);
 }
 
 /* --tokens and the dumps on a llama2.c checkpoint (the default model), against
@@ -2696,6 +3008,8 @@ int main(int argc, char **argv) {
     test_prefix_reuse(0);
     test_batch_exhaustion();
     test_fork_memory();
+    test_trace_scenario(0);
+    test_trace_shapes();
     test_bad_input();
     test_sizes();
     test_bpe();
@@ -2706,6 +3020,7 @@ int main(int argc, char **argv) {
     test_kv_group_default();
     test_cli();
     test_cli_no_device();
+    test_cli_trace();
     test_dump_logits();
     test_hf_export();
     test_bench_shapes();
@@ -2723,6 +3038,7 @@ int main(int argc, char **argv) {
         test_fork_cow(1);
         test_batch(1);
         test_prefix_reuse(1);
+        test_trace_scenario(1);
     } else {
         skip("GPU kernel checks: an nvcc build without a CUDA device (the C build emulates them)");
     }

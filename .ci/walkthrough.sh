@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the gdb sessions of README.md ("Stepping through it in gdb") exactly as
 # written, in gdb's batch mode, against the -O0 -g build (make debug: ./kvt-debug). Each
-# session is a "<!-- gdb-session: ARGS -->" line followed by a ```gdb block.
-# Fails if gdb reports an error in any command, or if the cache on / cache off
-# sessions print different logits.
+# session is a "<!-- gdb-session: ARGS -->" line followed by a ```gdb block; its
+# commands run one by one through .ci/gdb_session.py (which says why). Fails if
+# gdb reports an error in any command, if a `call kvt_pool_print` prints no
+# pool totals, or if the cache on / cache off sessions print different logits.
 set -u
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
@@ -23,8 +24,11 @@ done < README.md
 fail=0
 for i in $(seq 1 $n); do
   # shellcheck disable=SC2046
-  OMP_WAIT_POLICY=passive timeout 120 gdb -q -batch -x "$tmp/$i.gdb" --args ./kvt-debug $(cat "$tmp/$i.args") > "$tmp/$i.out" 2>&1
-  if grep -q "Error in sourced command file" "$tmp/$i.out" || ! grep -q '^\$1 = ' "$tmp/$i.out"; then
+  KVT_GDB_CMDS="$tmp/$i.gdb" OMP_WAIT_POLICY=passive timeout 120 gdb -q -batch -x .ci/gdb_session.py \
+    --args ./kvt-debug $(cat "$tmp/$i.args") > "$tmp/$i.out" 2>&1
+  calls=$(grep -c '^call kvt_pool_print' "$tmp/$i.gdb") maps=$(grep -c '^totals: ' "$tmp/$i.out")
+  if grep -q "Error in sourced command file" "$tmp/$i.out" || ! grep -q '^\$1 = ' "$tmp/$i.out" ||
+     [ "$maps" != "$calls" ]; then
     echo "FAIL walkthrough session $i (./kvt-debug $(cat "$tmp/$i.args")):"; grep -v "New Thread\|exited\]" "$tmp/$i.out" | tail -15; fail=1
   else
     echo "PASS walkthrough session $i: $(grep -c '^\$[0-9]* = ' "$tmp/$i.out") values printed (./kvt-debug $(cat "$tmp/$i.args"))"

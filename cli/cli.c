@@ -28,6 +28,8 @@ static void usage(FILE *f) {
         "  --tokens ID,ID,...      the prompt as token ids (any model; each in [0, V)), instead of -i\n"
         "  --dump-logits FILE      write every forward position's logits: float32 little-endian, [positions][V]\n"
         "  --dump-tokens FILE      write the token ids fed, then the last one chosen, one per line\n"
+        "  --trace [FILE]          after each forward call: every sequence's chunk table, the pool, the totals\n"
+        "                          (to stderr, or to FILE; the text on stdout is the same as without it)\n"
         "  --fork N                N continuations of the prompt (seeds seed, seed+1, ...), sharing its cache\n"
         "  --fork-share on|off     off: each --fork continuation computes and stores the prompt itself\n"
         "  --prefix-cache on|off   reuse cached chunks of a live sequence with the same prompt prefix (default on)\n"
@@ -146,12 +148,15 @@ typedef struct {
     double temperature, topp, ppl_from;
     long seed;
     kvt_options o;
+    const char *trace; /* --trace: NULL off, "" stderr, else the file's path */
+    FILE *tracef;      /* where --trace writes (opened by main), or NULL */
 } kvt_cli;
 
 /* Every flag, once: its names, how its value is read, and the field of
  * kvt_cli it goes to (offsetof). parse_args and cli_gave both read this table,
  * so a new flag is one line here (and one in usage). */
-enum { ARG_FLAG, ARG_STR, ARG_INT, ARG_LONG, ARG_FLOAT, ARG_CHOICE, ARG_NAME, ARG_RANDOM };
+enum { ARG_FLAG, ARG_STR, ARG_INT, ARG_LONG, ARG_FLOAT, ARG_CHOICE, ARG_NAME, ARG_RANDOM, ARG_OPT };
+/* ARG_OPT: a string whose value may be left out ("" then), as in --trace [FILE] */
 typedef struct {
     const char *name, *alt;   /* "-n", "--steps" (alt may be NULL) */
     int kind;                 /* FLAG: no value, sets 1; CHOICE: the index of the name; NAME: the name itself */
@@ -191,6 +196,7 @@ static const cli_flag cli_flags[] = {
     {"--device", NULL, ARG_CHOICE, AT(o.device), 0, 0, arg_devs},
     {"--stats", NULL, ARG_FLAG, AT(stats), 0, 0, NULL},
     {"--check", NULL, ARG_FLAG, AT(check), 0, 0, NULL},
+    {"--trace", NULL, ARG_OPT, AT(trace), 0, 0, NULL},
     {"--ppl", NULL, ARG_STR, AT(ppl), 0, 0, NULL},
     {"--ppl-from", NULL, ARG_FLOAT, AT(ppl_from), 0, 1, NULL},
     {"--bench", NULL, ARG_NAME, AT(bench), 0, 0, arg_benches},
@@ -204,6 +210,15 @@ static const cli_flag *cli_flag_of(const char *name) {
     for (size_t k = 0; k < sizeof(cli_flags) / sizeof(cli_flags[0]); k++)
         if (!strcmp(name, cli_flags[k].name) || (cli_flags[k].alt && !strcmp(name, cli_flags[k].alt))) return &cli_flags[k];
     return NULL;
+}
+
+/* Does the flag at argv[i] take argv[i + 1] as its value? Every kind but a
+ * FLAG does, and an OPT unless nothing or another flag (a word starting with
+ * '-') comes next: "--trace -n 5" traces to stderr. */
+static int cli_has_value(const cli_flag *fl, int i, int argc, char **argv) {
+    if (fl->kind == ARG_FLAG) return 0;
+    if (fl->kind == ARG_OPT) return i + 1 < argc && argv[i + 1][0] != '-';
+    return 1;
 }
 
 /* Returns 1 when all flags are good, 2 for --help, 0 on an error (message
@@ -222,6 +237,10 @@ static int parse_args(kvt_cli *a, int argc, char **argv) {
         long v;
         int c;
         if (fl->kind == ARG_FLAG) { *(int *)field = 1; continue; }
+        if (fl->kind == ARG_OPT) {
+            *(const char **)field = cli_has_value(fl, i, argc, argv) ? argv[++i] : "";
+            continue;
+        }
         if (i + 1 >= argc) { kvt_fail(KVT_EARG, "%s needs a value", f); return 0; }
         s = argv[++i];
         switch (fl->kind) {
@@ -244,7 +263,7 @@ static int cli_gave(const kvt_cli *a, const char *name) {
     for (int i = 1; i < a->argc; i++) {
         const cli_flag *fl = cli_flag_of(a->argv[i]);
         if (fl && fl == want) return 1;
-        if (fl && fl->kind != ARG_FLAG) i++; /* skip its value */
+        if (fl && cli_has_value(fl, i, a->argc, a->argv)) i++; /* skip its value */
     }
     return 0;
 }
@@ -279,6 +298,7 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
          "--tokens gives the prompt as token ids: drop -i, --prompts and --prompt-tokens"},
         {(a->dump_logits || a->dump_tokens) && (a->prompts || fork || a->ppl || a->bench),
          "--dump-logits and --dump-tokens record one sequence's run: drop --prompts, --fork, --ppl and --bench"},
+        {a->trace && (a->ppl || a->bench), "--trace shows the cache of a generation run: drop --ppl and --bench"},
     };
     for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
         if (rules[i].bad) { kvt_fail(KVT_EARG, "%s", rules[i].why); return 0; }
@@ -318,6 +338,36 @@ static void print_stats(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
     if (e->n_decode)
         fprintf(stderr, "[stats] decode %ld tokens in %.2f ms (%.1f tokens/s)\n", e->n_decode, 1e3 * e->t_decode,
                 (double)e->n_decode / e->t_decode);
+}
+
+/* --trace: the cache after each change a run makes to it (a forward call, the
+ * forks): a header line naming the change, then every live sequence's chunk
+ * table, the pool and the totals (kvt_pool_print, §15). It writes to its own
+ * stream (stderr or a file), so the generated text on stdout is the same with
+ * or without it. First the legend, or, with the cache off, the one line that
+ * says there is no pool to show (and then nothing per step). */
+static void trace_start(FILE *f, kvt_engine *e) {
+    if (!f) return;
+    if (e->o.kv_cache) kvt_pool_legend(f);
+    else kvt_pool_print(f, e);
+}
+static void trace_step(FILE *f, kvt_engine *e, const char *fmt, ...) {
+    if (!f || !e->o.kv_cache) return;
+    va_list ap;
+    fprintf(f, "== ");
+    va_start(ap, fmt);
+    vfprintf(f, fmt, ap);
+    va_end(ap);
+    fprintf(f, "\n");
+    kvt_pool_print(f, e);
+}
+/* The ids of a batch's sequences, for a trace header: "0, 1, 2" (or a count). */
+static void trace_ids(char *buf, size_t cap, kvt_seq *const *batch, int nb) {
+    size_t k = 0;
+    buf[0] = '\0';
+    if (nb > 16) { snprintf(buf, cap, "%d sequences", nb); return; }
+    for (int j = 0; j < nb && k < cap; j++)
+        k += (size_t)snprintf(buf + k, cap - k, j ? ", %d" : "seq %d", batch[j]->id);
 }
 
 /* Teacher-forced mean negative log-likelihood of a text, in windows of TMAX
@@ -498,6 +548,9 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
             if (st == KVT_OK && dl && fwrite(logits, sizeof(float), (size_t)V, dl) != (size_t)V)
                 st = kvt_fail(KVT_EIO, "--dump-logits: writing '%s' failed: %s", a->dump_logits, strerror(errno));
         }
+        if (st == KVT_OK && n == np) trace_step(a->tracef, e, "after prefill: seq %d, %d tokens", s.id, np);
+        else if (st == KVT_OK)
+            trace_step(a->tracef, e, "after decode step %d: seq %d, position %d", n - np, s.id, n - 1);
         if (st == KVT_OK && ref) {
             if ((st = kvt_step(ref, &rs, hist, n, ref_logits)) != KVT_OK) break;
             char what[64];
@@ -584,8 +637,17 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
             st = kvt_seq_init(e, &seqs[i]);
             if (st == KVT_OK) /* its own prompt, or (--fork-share off) its own copy of the prompt */
                 st = kvt_forward(e, &seqs[i], hist + (size_t)i * TMAX, len[i], logits + (size_t)i * V, 0);
+            int found = 0; /* positions attached by prefix reuse, not computed */
+            for (int j = 0; st == KVT_OK && j < seqs[i].n_table; j++) found += seqs[i].how[j] == '+' ? e->pool.CH : 0;
+            if (st == KVT_OK && found)
+                trace_step(a->tracef, e, "after prefill: seq %d, %d tokens, the first %d found cached (prefix reuse)",
+                           seqs[i].id, len[i], found);
+            else if (st == KVT_OK) trace_step(a->tracef, e, "after prefill: seq %d, %d tokens", seqs[i].id, len[i]);
         }
     }
+    if (st == KVT_OK && fork && a->fork_share)
+        trace_step(a->tracef, e, "after fork: %d more sequences share seq %d's %d chunks", n_seqs - 1, seqs[0].id,
+                   seqs[0].n_table);
     /* Decode. Each step samples one token per live sequence (each with its own
      * sampler and seed), then runs all of them as one batch. A sequence that
      * samples BOS/EOS stops; the batch just gets smaller. After the last
@@ -608,6 +670,11 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
         }
         if (nb == 0) continue;
         st = kvt_forward_batch(e, batch, nb, next, ones, blog);
+        if (st == KVT_OK && a->tracef) {
+            char ids[160];
+            trace_ids(ids, sizeof(ids), batch, nb);
+            trace_step(a->tracef, e, "after decode step %d: one token each for %s", step + 1, ids);
+        }
         for (int i = 0, j = 0; i < n_seqs && st == KVT_OK; i++) /* scatter the batch's logits back */
             if (j < nb && batch[j] == &seqs[i]) memcpy(logits + (size_t)i * V, blog + (size_t)j++ * V, (size_t)V * sizeof(float));
     }
@@ -781,10 +848,19 @@ int main(int argc, char **argv) {
         a.o.max_seqs = n_seqs;
         if (a.o.max_rows < n_seqs) a.o.max_rows = n_seqs;
     }
+    if (a.trace && !(a.tracef = a.trace[0] ? fopen(a.trace, "w") : stderr)) {
+        kvt_fail(KVT_EIO, "--trace: cannot write '%s': %s", a.trace, strerror(errno));
+        goto done;
+    }
     if ((st = kvt_engine_create(&e, &m, &a.o)) != KVT_OK) goto done;
+    trace_start(a.tracef, e);
     rc = n_seqs > 1 ? run_batch(e, &m, tkp, &a, prompts, np, n_seqs) : run_single(e, &m, tkp, &a, prompts[0], np[0]);
     kvt_errbuf[0] = '\0'; /* the runners reported their own errors */
 done:
+    if (a.tracef && a.tracef != stderr && fclose(a.tracef) != 0 && rc == 0) {
+        kvt_fail(KVT_EIO, "--trace: writing '%s' failed: %s", a.trace, strerror(errno));
+        rc = 1;
+    }
     if (rc && kvt_errbuf[0]) cli_fail("");
     for (int i = 0; i < n_prompts && prompts; i++) free(prompts[i]);
     free(prompts);
