@@ -1156,7 +1156,7 @@ static void matmul_cpu(float *out, const float *x, const float *w, int n, int k,
  * KVT_THREADS. Each warp owns KVT_MV_ROWS consecutive output rows and up to
  * KVT_MV_X rows of x. Lane l reads columns 4l..4l+3 of a weight row as one
  * 16-byte load (a warp: 512 contiguous bytes), then 4l+128.., and uses each
- * loaded weight for all its rows of x; it keeps ROWS x X = 32 partial sums.
+ * loaded weight for all its rows of x; it keeps ROWS x X <= 32 partial sums.
  * The warp then transposes them through shared memory: lane i adds up the 32
  * partials of (row, x) pair i. One barrier per warp's work.
  *
@@ -1164,10 +1164,10 @@ static void matmul_cpu(float *out, const float *x, const float *w, int n, int k,
  *     pair 0    [  p00      p01    ...   p0,31 ]  -> summed by lane 0
  *     pair 1    [  p10      p11    ...   p1,31 ]  -> summed by lane 1 ...
  *
- * On a GPU: 8 rows x 4 rows of x, so d = 4096 gives 128 blocks of 4 warps, and
- * a batch of up to 4 decode rows costs one pass over the weights. In the C
- * build: 32 rows x 1 (each barrier costs ~50 us there, so fewer, larger work
- * items). k4 = the columns read 4 at a time (k rounded down to a multiple of
+ * On a GPU: 4 rows x 4 rows of x, so d = 4096 gives 1024 warps (~8 per SM of
+ * an H200, each with 4 x 512 bytes per step in flight), and a batch of up to 4
+ * decode rows costs one pass over the weights. In the C build: 32 rows x 1
+ * (each barrier costs ~50 us there, so fewer, larger work items). k4 = the columns read 4 at a time (k rounded down to a multiple of
  * 4, or 0 when w or x is not 16-byte aligned); the rest go one at a time. */
 #ifdef __CUDACC__
 #define KVT_LOAD4(p) (*(const float4 *)(p))
@@ -1177,11 +1177,13 @@ static float4 kvt_load4(const float *p) { float4 v; memcpy(&v, p, sizeof(v)); re
 #define KVT_LOAD4(p) kvt_load4(p)
 #endif
 #if defined(__CUDACC__) || defined(KVT_GPU_SIZES)
-#define KVT_MV_ROWS 8
+#define KVT_MV_ROWS 4 /* weight rows per warp */
+#define KVT_MV_X 4    /* rows of x per warp */
 #else
 #define KVT_MV_ROWS 32
+#define KVT_MV_X 1
 #endif
-#define KVT_MV_X (32 / KVT_MV_ROWS)
+KVT_STATIC_ASSERT(KVT_MV_ROWS * KVT_MV_X <= 32, "one lane sums each (row, x) pair");
 __global__ void matmul_rows_kernel(float *out, const float *x, const float *w, int n, int k, int k4, int d) {
     __shared__ float part[KVT_WARPS][32][33]; /* 33: no bank conflicts on the transpose */
     int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
@@ -1209,8 +1211,8 @@ __global__ void matmul_rows_kernel(float *out, const float *x, const float *w, i
     for (int i = 0; i < KVT_MV_ROWS; i++)
         for (int j = 0; j < KVT_MV_X; j++) part[warp][i * KVT_MV_X + j][lane] = acc[i][j];
     __syncthreads(); /* each lane now reads a column the other lanes wrote */
-    int row = row0 + lane / KVT_MV_X, xr = x0 + lane % KVT_MV_X;
-    if (row < d && xr < n) {
+    int row = row0 + lane / KVT_MV_X, xr = x0 + lane % KVT_MV_X; /* lane = its pair's index */
+    if (lane < KVT_MV_ROWS * KVT_MV_X && row < d && xr < n) {
         float s = 0.0f;
         for (int j = 0; j < 32; j++) s += part[warp][lane][j];
         out[(size_t)xr * d + row] = s;
