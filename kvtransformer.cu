@@ -314,7 +314,8 @@ static const char *cudaGetErrorString(cudaError_t e) { return e ? "out of memory
 #else
 #define KVT_STATIC_ASSERT _Static_assert
 #endif
-KVT_STATIC_ASSERT(KVT_THREADS % 32 == 0 && KVT_THREADS <= KVT_MAX_THREADS, "row kernels: whole warps, <= KVT_MAX_THREADS");
+KVT_STATIC_ASSERT(KVT_THREADS % 32 == 0 && KVT_THREADS <= KVT_MAX_THREADS,
+                  "row kernels: whole warps, <= KVT_MAX_THREADS");
 KVT_STATIC_ASSERT(KVT_TILE * KVT_TILE <= KVT_MAX_THREADS, "tiled matmul: KVT_TILE^2 threads, <= KVT_MAX_THREADS");
 #define KVT_WARPS (KVT_THREADS / 32) /* warps of a row kernel's block */
 
@@ -1167,8 +1168,9 @@ static void matmul_cpu(float *out, const float *x, const float *w, int n, int k,
  * On a GPU: 4 rows x 4 rows of x, so d = 4096 gives 1024 warps (~8 per SM of
  * an H200, each with 4 x 512 bytes per step in flight), and a batch of up to 4
  * decode rows costs one pass over the weights. In the C build: 32 rows x 1
- * (each barrier costs ~50 us there, so fewer, larger work items). k4 = the columns read 4 at a time (k rounded down to a multiple of
- * 4, or 0 when w or x is not 16-byte aligned); the rest go one at a time. */
+ * (each barrier costs ~50 us there, so fewer, larger work items).
+ * k4: the columns read 4 at a time, k when x and w are 16-byte aligned and
+ * 4 divides k (then every row is aligned too), else 0: one at a time. */
 #ifdef __CUDACC__
 #define KVT_LOAD4(p) (*(const float4 *)(p))
 #else
@@ -2332,31 +2334,25 @@ static kvt_status seq_marks_check(const kvt_pool *p, const kvt_seq *s) {
  * the number of tables that hold it, and no chunk is both free and held. */
 kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
     kvt_pool *p = &e->pool;
-    if (!seqs) { /* the engine's own list */
-        int n;
-        const kvt_seq **all = live_array(e, &n);
-        static const kvt_seq *none[1];
-        kvt_status st = kvt_pool_check(e, all ? all : none, n);
-        free(all);
-        return st;
-    }
+    const kvt_seq **all = NULL;
+    if (!seqs) seqs = all = live_array(e, &n_seqs); /* the engine's own list (NULL when empty: no entries read) */
     int *refs = (int *)calloc((size_t)p->n_chunks, sizeof(int)), bad = -1;
-    if (!refs) return kvt_fail(KVT_ENOMEM, "host out of memory (pool check)");
-    for (int i = 0; i < n_seqs; i++)
-        for (int j = 0; j < seqs[i]->n_table; j++) refs[seqs[i]->table[j]]++;
-    for (int i = 0; i < p->n_free; i++) refs[p->free_list[i]] += 1 << 20; /* a free chunk held too shows up */
-    for (int c = 0; c < p->n_chunks && bad < 0; c++)
-        if (refs[c] != (p->refcount[c] == 0 ? 1 << 20 : p->refcount[c])) bad = c;
-    int r = bad >= 0 ? refs[bad] : 0;
-    free(refs);
-    if (bad >= 0)
-        return kvt_fail(KVT_EPOOL, "pool check: chunk %d has refcount %d but %d table references%s", bad,
-                        p->refcount[bad], r % (1 << 20), r >= (1 << 20) ? " and is on the free list" : "");
-    for (int i = 0; i < n_seqs; i++) {
-        kvt_status st = seq_marks_check(p, seqs[i]);
-        if (st != KVT_OK) return st;
+    kvt_status st = refs ? KVT_OK : kvt_fail(KVT_ENOMEM, "host out of memory (pool check)");
+    if (st == KVT_OK) {
+        for (int i = 0; i < n_seqs; i++)
+            for (int j = 0; j < seqs[i]->n_table; j++) refs[seqs[i]->table[j]]++;
+        for (int i = 0; i < p->n_free; i++) refs[p->free_list[i]] += 1 << 20; /* a free chunk held too shows up */
+        for (int c = 0; c < p->n_chunks && bad < 0; c++)
+            if (refs[c] != (p->refcount[c] == 0 ? 1 << 20 : p->refcount[c])) bad = c;
     }
-    return KVT_OK;
+    if (bad >= 0)
+        st = kvt_fail(KVT_EPOOL, "pool check: chunk %d has refcount %d but %d table references%s", bad,
+                      p->refcount[bad], refs[bad] % (1 << 20),
+                      refs[bad] >= (1 << 20) ? " and is on the free list" : "");
+    for (int i = 0; i < n_seqs && st == KVT_OK; i++) st = seq_marks_check(p, seqs[i]);
+    free(refs);
+    free(all);
+    return st;
 }
 
 /* How the fused attention cuts positions 0..max_pos into pieces. */
@@ -2567,6 +2563,11 @@ kvt_status kvt_step(kvt_engine *e, kvt_seq *s, const int *history, int n_hist, f
  * sequences (fork, prefix reuse) counts once in bytes_used and once per
  * holder in bytes_unshared: the difference is what sharing saves. A chunk's
  * unused slots are CH minus the most positions any holder wrote into it. */
+/* Bits the cache spends per value (int8: + one float scale per group of G),
+ * and so bytes per chunk: what --stats and --trace both count. */
+static double pool_bits_per_value(const kvt_pool *p) {
+    return (double)kvt_dtype_bits(p->dtype) + (p->scales ? 32.0 / p->G : 0.0);
+}
 void kvt_cache_usage_of(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs, kvt_cache_usage *u) {
     kvt_pool *p = &e->pool;
     int *fill = (int *)calloc((size_t)p->n_chunks, sizeof(int)); /* positions written into each chunk */
@@ -2585,7 +2586,7 @@ void kvt_cache_usage_of(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs, k
     for (int c = 0; c < p->n_chunks; c++)
         if (fill[c]) { u->chunks_used++; u->slots_unused += p->CH - fill[c]; }
     free(fill);
-    u->bits_per_value = (double)kvt_dtype_bits(p->dtype) + (p->scales ? 32.0 / p->G : 0.0); /* + a scale per G */
+    u->bits_per_value = pool_bits_per_value(p);
     double chunk_bytes = (double)p->chunk_elems * u->bits_per_value / 8.0;
     u->slots_allocated = (long)u->chunks_used * p->CH;
     u->bytes_used = chunk_bytes * u->chunks_used;
@@ -2657,9 +2658,7 @@ static void pool_print_totals(FILE *f, const kvt_pool *p) {
         shared += p->refcount[c] > 1;
         entries += p->refcount[c];
     }
-    /* bytes per chunk, int8's scales included, as kvt_cache_usage_of counts them */
-    double bits = (double)kvt_dtype_bits(p->dtype) + (p->scales ? 32.0 / p->G : 0.0);
-    double chunk_bytes = (double)p->chunk_elems * bits / 8.0;
+    double chunk_bytes = (double)p->chunk_elems * pool_bits_per_value(p) / 8.0;
     fprintf(f, "totals: in use %d, free %d, shared %d (of %d chunks); %ld table entries: sharing saves %ld x %.0f "
             "= %.0f bytes\n", used, p->n_free, shared, p->n_chunks, entries, entries - used, chunk_bytes,
             chunk_bytes * (double)(entries - used));
