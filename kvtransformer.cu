@@ -1409,22 +1409,13 @@ KVT_HD void kv_axpy(const kvt_kv *kv, size_t i, float w, float *acc, int HS) {
     }
 }
 
-#define KVT_ATTN_TILE 24 /* keys per tile of the CPU's fused attention (§12); 16 to 24 measured alike, 32 slower */
-/* The CPU's fused attention (§12) reads the cache a tile at a time: nt
- * consecutive positions t0.. of one sequence. kv_tile_index finds where each
- * position's K row (layer l, head 0) starts: the element kv_index gives, but
- * with one division for the tile instead of one per position and head (the
- * V row of the same position is CH * KVD elements further). For int8, sidx[j]
- * is the index of that row's first scale (kidx[j] / G: G divides every row). */
-static void kv_tile_index(const kvt_kv *kv, int l, int tab, int t0, int nt, size_t *kidx, size_t *sidx) {
-    int chunk = t0 / kv->CH, slot = t0 % kv->CH;
-    size_t KVD = (size_t)kv->NKV * kv->HS;
-    for (int j = 0; j < nt; j++) {
-        kidx[j] = (size_t)kv->tables[tab + chunk] * kv->chunk_elems + ((size_t)l * 2 * kv->CH + slot) * KVD;
-        sidx[j] = kv->scales ? kidx[j] / (size_t)kv->G : 0;
-        if (++slot == kv->CH) { slot = 0; chunk++; }
-    }
-}
+#define KVT_ATTN_TILE 32 /* most keys per tile of the CPU's fused attention (§12) */
+/* The CPU's fused attention (§12) reads the cache a tile at a time: up to
+ * KVT_ATTN_TILE consecutive positions of one sequence inside one chunk. Inside
+ * a chunk, position t+1's row follows position t's, KVD = NKV * HS elements
+ * further, so a tile is one kv_index (its first row) and a stride: no table
+ * look-up or division per key. (int8: row j's first scale is (i + j * KVD) / G,
+ * since G divides HS and so KVD.) */
 /* 16 stored values -> 16 floats, in registers. fp16: the values of f16_to_f32
  * (the spec), by the hardware where the compiler offers it: one instruction
  * with AVX-512, two with F16C (x86 since 2012), Arm's native half type. One at
@@ -1496,100 +1487,108 @@ static inline __attribute__((always_inline)) kvt_f32x16 kv_load16_cpu(const void
     if (dtype == KVT_FP16) return f16x16_to_f32((const uint16_t *)data + i);
     return i8x16_to_f32((const int8_t *)data + i);
 }
-/* s[j] = q . (row j) for the nt rows of a tile (nt a multiple of 4), four
- * rows at a time: four independent running sums keep the multiply-add units
- * busy (one row's sum waits on its own previous add for 4 cycles) and q's 16
- * values, loaded once, serve four rows. int8: per group, then one multiply by that row's scale.
- * For fp32 and fp16 the caller passes G = HS (one group, no scales). Against
- * one row at a time (kv_row_dot_cpu), with the group-wise weights of
- * kv_rows_axpy_cpu: attention over 8192 keys on one core 1.18x faster with an
- * int8 cache, 1.15x with fp16 (medians of 5; fp32 waits on memory either way). */
+/* s[j] = scale * q . (row j) for the nt rows of a tile (nt a multiple of 4),
+ * row j at element i + j * KVD; four rows at a time: four independent running
+ * sums keep the multiply-add units busy (one row's sum waits on its own
+ * previous add for 4 cycles) and q's 16 values, loaded once, serve four rows.
+ * int8: per group, then one multiply by that row's scale. For fp32 and fp16
+ * the caller passes G = HS (one group, no scales). */
 static inline __attribute__((always_inline)) void kv_tile_dot16_cpu(const void *data, int dtype, const float *scales,
-                                                                   int HS, int G, const size_t *ki, const size_t *si,
-                                                                   int nt, const float *q, float *s) {
+                                                                   int HS, int G, size_t i, size_t KVD, int nt,
+                                                                   const float *q, float scale, float *s) {
     for (int j = 0; j + 4 <= nt; j += 4) {
+        size_t r0 = i + j * KVD, r1 = r0 + KVD, r2 = r1 + KVD, r3 = r2 + KVD; /* the four rows */
+        const float *s0 = scales ? scales + r0 / G : NULL; /* row r0's scales; the next row's KVD / G further */
+        size_t ss = KVD / G;
         kvt_f32x16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         for (int g = 0; g < HS; g += G) {
             kvt_f32x16 p0 = {0}, p1 = {0}, p2 = {0}, p3 = {0};
             for (int c = g; c < g + G; c += 16) {
                 kvt_f32x16 qv = f32x16_load(q + c);
-                p0 += qv * kv_load16_cpu(data, dtype, ki[j] + c);
-                p1 += qv * kv_load16_cpu(data, dtype, ki[j + 1] + c);
-                p2 += qv * kv_load16_cpu(data, dtype, ki[j + 2] + c);
-                p3 += qv * kv_load16_cpu(data, dtype, ki[j + 3] + c);
+                p0 += qv * kv_load16_cpu(data, dtype, r0 + c);
+                p1 += qv * kv_load16_cpu(data, dtype, r1 + c);
+                p2 += qv * kv_load16_cpu(data, dtype, r2 + c);
+                p3 += qv * kv_load16_cpu(data, dtype, r3 + c);
             }
             if (dtype != KVT_INT8) { a0 += p0; a1 += p1; a2 += p2; a3 += p3; continue; }
-            a0 += scales[si[j] + g / G] * p0;
-            a1 += scales[si[j + 1] + g / G] * p1;
-            a2 += scales[si[j + 2] + g / G] * p2;
-            a3 += scales[si[j + 3] + g / G] * p3;
+            a0 += s0[g / G] * p0;
+            a1 += s0[ss + g / G] * p1;
+            a2 += s0[2 * ss + g / G] * p2;
+            a3 += s0[3 * ss + g / G] * p3;
         }
-        s[j] = f32x16_sum(a0);
-        s[j + 1] = f32x16_sum(a1);
-        s[j + 2] = f32x16_sum(a2);
-        s[j + 3] = f32x16_sum(a3);
+        s[j] = scale * f32x16_sum(a0);
+        s[j + 1] = scale * f32x16_sum(a1);
+        s[j + 2] = scale * f32x16_sum(a2);
+        s[j + 3] = scale * f32x16_sum(a3);
     }
 }
-/* The scores of a tile: s[j] = q . K row j (rows at ki, int8 scales at si).
- * Four rows at a time where 16 divides HS (and G, for int8); the rest (the
- * last nt % 4 rows, other shapes, a type without a 16-wide path) one row at a
- * time with kv_row_dot_cpu. */
-static void kv_tile_dot_cpu(const kvt_kv *kv, const size_t *ki, const size_t *si, int nt, const float *q, float *s) {
+/* The scores of a tile: s[j] = scale * q . K row j, row j at element
+ * i + j * KVD. Four rows at a time where 16 divides HS (and G, for int8); the
+ * rest (the last nt % 4 rows, other shapes) one row at a time with
+ * kv_row_dot_cpu. */
+static void kv_tile_dot_cpu(const kvt_kv *kv, size_t i, int nt, const float *q, float scale, float *s) {
     int wide = kv->HS % 16 == 0 && (kv->dtype != KVT_INT8 || kv->G % 16 == 0), n4 = nt / 4 * 4;
-    if (wide && kv->dtype == KVT_FP32) kv_tile_dot16_cpu(kv->data, KVT_FP32, NULL, kv->HS, kv->HS, ki, si, n4, q, s);
-    else if (wide && kv->dtype == KVT_FP16) kv_tile_dot16_cpu(kv->data, KVT_FP16, NULL, kv->HS, kv->HS, ki, si, n4, q, s);
-    else if (wide && kv->dtype == KVT_INT8) kv_tile_dot16_cpu(kv->data, KVT_INT8, kv->scales, kv->HS, kv->G, ki, si, n4, q, s);
+    size_t KVD = (size_t)kv->NKV * kv->HS, G = (size_t)kv->G;
+    if (wide && kv->dtype == KVT_FP32) kv_tile_dot16_cpu(kv->data, KVT_FP32, NULL, kv->HS, kv->HS, i, KVD, n4, q, scale, s);
+    else if (wide && kv->dtype == KVT_FP16) kv_tile_dot16_cpu(kv->data, KVT_FP16, NULL, kv->HS, kv->HS, i, KVD, n4, q, scale, s);
+    else if (wide && kv->dtype == KVT_INT8) kv_tile_dot16_cpu(kv->data, KVT_INT8, kv->scales, kv->HS, kv->G, i, KVD, n4, q, scale, s);
     else n4 = 0;
-    for (int j = n4; j < nt; j++) s[j] = kv_row_dot_cpu(kv, ki[j], si[j], q);
+    for (int j = n4; j < nt; j++) {
+        size_t ij = i + j * KVD;
+        s[j] = scale * kv_row_dot_cpu(kv, ij, kv->scales ? ij / G : 0, q);
+    }
 }
-/* a + sum_j w[j] * (16 values of row j at channel c). Four running sums, so
- * that an add need not wait for the previous one. dtype is a constant at each
- * call site: the compiler makes one copy of the loop per type. */
+/* a + sum_j w[j] * (16 values of row j at channel c), row j at element
+ * i + j * KVD. Four running sums, so that an add need not wait for the
+ * previous one. dtype is a constant at each call site: the compiler makes one
+ * copy of the loop per type. */
 static inline __attribute__((always_inline)) kvt_f32x16 kv_axpy16_cpu(kvt_f32x16 a0, const void *data, int dtype,
-                                                                      const float *w, const size_t *ki, int n, int c) {
+                                                                      const float *w, size_t i, size_t KVD, int n) {
     kvt_f32x16 a1 = {0}, a2 = {0}, a3 = {0};
     int j = 0;
-    for (; j + 4 <= n; j += 4) {
-        a0 += w[j] * kv_load16_cpu(data, dtype, ki[j] + c);
-        a1 += w[j + 1] * kv_load16_cpu(data, dtype, ki[j + 1] + c);
-        a2 += w[j + 2] * kv_load16_cpu(data, dtype, ki[j + 2] + c);
-        a3 += w[j + 3] * kv_load16_cpu(data, dtype, ki[j + 3] + c);
+    for (; j + 4 <= n; j += 4, i += 4 * KVD) {
+        a0 += w[j] * kv_load16_cpu(data, dtype, i);
+        a1 += w[j + 1] * kv_load16_cpu(data, dtype, i + KVD);
+        a2 += w[j + 2] * kv_load16_cpu(data, dtype, i + 2 * KVD);
+        a3 += w[j + 3] * kv_load16_cpu(data, dtype, i + 3 * KVD);
     }
-    for (; j < n; j++) a0 += w[j] * kv_load16_cpu(data, dtype, ki[j] + c);
+    for (; j < n; j++, i += KVD) a0 += w[j] * kv_load16_cpu(data, dtype, i);
     return a0 + ((a1 + a2) + a3);
 }
-/* acc (HS) += sum_j wgt[j] * row j, for the n rows at ki[j] (scales at si[j]).
- * The loop over rows is inside: for each 16 channels the running sums stay in
- * registers across all n rows, and acc is read and written once. int8: the
- * weight times the row's scale for these 16 channels (one group, when 16
- * divides G; otherwise row by row, a group at a time). */
-static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, const size_t *ki,
-                                    const size_t *si, int n) {
-    int HS = kv->HS, G = kv->G, c = 0;
+/* acc (HS) += sum_j wgt[j] * V row j, for the n rows of a tile (row j at
+ * element i + j * KVD). The loop over rows is inside: for each 16 channels the
+ * running sums stay in registers across all n rows, and acc is read and
+ * written once. int8: the weight times the row's scale for these 16 channels
+ * (one group, when 16 divides G; otherwise row by row, a group at a time). */
+static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, size_t i, int n) {
+    int HS = kv->HS, c = 0;
+    size_t KVD = (size_t)kv->NKV * HS, G = (size_t)kv->G;
+    const float *sc = kv->scales ? kv->scales + i / G : NULL; /* row j's scales: j * KVD / G further */
     float w[KVT_ATTN_TILE];
     if (kv->dtype == KVT_INT8 && G % 16) { /* 16 channels would span two groups: row by row, group by group */
-        for (int j = 0; j < n; j++)
-            for (int g = 0; g < HS; g += G) {
-                const int8_t *v = (const int8_t *)kv->data + ki[j];
-                float wg = wgt[j] * kv->scales[si[j] + (size_t)(g / G)];
-                for (int cc = g; cc < g + G; cc++) acc[cc] += wg * (float)v[cc];
+        for (int j = 0; j < n; j++) {
+            const int8_t *v = (const int8_t *)kv->data + i + j * KVD;
+            for (int g = 0; g < HS; g += (int)G) {
+                float wg = wgt[j] * sc[j * KVD / G + g / G];
+                for (int cc = g; cc < g + (int)G; cc++) acc[cc] += wg * (float)v[cc];
             }
+        }
         return;
     }
     for (; c + 16 <= HS; c += 16) {
         kvt_f32x16 a = f32x16_load(acc + c);
-        if (kv->dtype == KVT_FP32) a = kv_axpy16_cpu(a, kv->data, KVT_FP32, wgt, ki, n, c);
-        else if (kv->dtype == KVT_FP16) a = kv_axpy16_cpu(a, kv->data, KVT_FP16, wgt, ki, n, c);
+        if (kv->dtype == KVT_FP32) a = kv_axpy16_cpu(a, kv->data, KVT_FP32, wgt, i + c, KVD, n);
+        else if (kv->dtype == KVT_FP16) a = kv_axpy16_cpu(a, kv->data, KVT_FP16, wgt, i + c, KVD, n);
         else {
             if (c % G == 0) /* a new group: the weights times its scales */
-                for (int j = 0; j < n; j++) w[j] = wgt[j] * kv->scales[si[j] + c / G];
-            a = kv_axpy16_cpu(a, kv->data, KVT_INT8, w, ki, n, c);
+                for (int j = 0; j < n; j++) w[j] = wgt[j] * sc[j * (KVD / G) + c / G];
+            a = kv_axpy16_cpu(a, kv->data, KVT_INT8, w, i + c, KVD, n);
         }
         memcpy(acc + c, &a, sizeof(a));
     }
     for (; c < HS; c++) { /* leftovers: kv_load, one value at a time */
         float a = acc[c];
-        for (int j = 0; j < n; j++) a += wgt[j] * kv_load(kv, ki[j] + c);
+        for (int j = 0; j < n; j++) a += wgt[j] * kv_load(kv, i + j * KVD + c);
         acc[c] = a;
     }
 }
@@ -1733,8 +1732,9 @@ static void attention_naive_gpu(float *out, const float *q, kvt_kv kv, int l, in
  *   l = sum l_i e^(m_i - M),  out = sum acc_i e^(m_i - M) / l.
  * With one split this is the plain fused loop.
  *
- * The CPU version walks the keys in tiles of KVT_ATTN_TILE positions, and each
- * tile serves a block of queries: up to KVT_ATTN_QROWS consecutive rows of one
+ * The CPU version walks the keys in tiles of up to KVT_ATTN_TILE positions
+ * inside one chunk (so a tile's rows are a fixed stride apart), and each tile
+ * serves a block of queries: up to KVT_ATTN_QROWS consecutive rows of one
  * sequence (a prefill) times the NH/NKV query heads that share a kv head. A
  * K/V row is then read from memory (and decoded) once per block instead of
  * once per query: FlashAttention's loop order.
@@ -1744,12 +1744,27 @@ static void attention_naive_gpu(float *out, const float *q, kvt_kv kv, int l, in
  *   query r0, h'  [s s s s ...] [s s s s ...]    live in part[], updated
  *   query r1, h   [s s s ...  ] ...               once per tile
  *
+ * The causal mask is a count: row r sees the first row_pos[r] - t0 + 1 keys
+ * of the tile (all of them, except in the last tile of a prefill block).
+ *
  * Work items (query block, kv head, piece) are spread over the cores, so one
  * decode row uses every core too: its NH heads, and its pieces once the
  * context is long. Each item writes only its own queries' (m, l, acc), so the
  * result does not depend on the number of threads.
  * part: (n, NH, nsplit, 2 + HS), the (m, l, acc) of every piece. */
 #define KVT_ATTN_QROWS 16 /* rows of one sequence that share each tile */
+
+/* s[0] + ... + s[n-1] for a tile (s has room for KVT_ATTN_TILE values): zero
+ * the rest, add 16 at a time, then one horizontal sum. (An `omp simd
+ * reduction(+)` ends in 16 dependent scalar adds with GCC 12; this made
+ * decode attention ~5% faster.) */
+static inline float tile_sum_cpu(float *s, int n) {
+    for (int j = n; j < KVT_ATTN_TILE; j++) s[j] = 0.0f;
+    kvt_f32x16 v = f32x16_load(s);
+    for (int j = 16; j < KVT_ATTN_TILE; j += 16) v += f32x16_load(s + j);
+    return f32x16_sum(v);
+}
+KVT_STATIC_ASSERT(KVT_ATTN_TILE % 16 == 0, "the CPU attention tile is whole 16-float vectors");
 
 /* One work item: the queries of rows [r0, r1) (one sequence), all heads, over
  * the positions of piece sp. For each tile of positions and each kv head, the
@@ -1758,7 +1773,6 @@ static void attention_naive_gpu(float *out, const float *q, kvt_kv kv, int l, in
 static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, int l, int NH, int r0, int r1,
                                 int sp, int split_len, int nsplit) {
     int HS = kv->HS, group = NH / kv->NKV, tab = kv->row_tab[r0], t_begin = sp * split_len, p_max = 0;
-    size_t KVD = (size_t)kv->NKV * HS, G = (size_t)kv->G;
     float scale = 1.0f / sqrtf((float)HS), s[KVT_ATTN_TILE];
     for (int r = r0; r < r1; r++) {
         p_max = kv->row_pos[r] > p_max ? kv->row_pos[r] : p_max;
@@ -1770,45 +1784,38 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
         }
     }
     int t_end = p_max + 1 < t_begin + split_len ? p_max + 1 : t_begin + split_len;
-    size_t kidx[KVT_ATTN_TILE], sidx[KVT_ATTN_TILE]; /* where the tile's rows (head 0) start */
-    size_t ki[KVT_ATTN_TILE], vi[KVT_ATTN_TILE], ks[KVT_ATTN_TILE], vs[KVT_ATTN_TILE]; /* head kh's rows */
-    for (int t0 = t_begin; t0 < t_end; t0 += KVT_ATTN_TILE) {
-        int nt = t_end - t0 < KVT_ATTN_TILE ? t_end - t0 : KVT_ATTN_TILE;
-        kv_tile_index(kv, l, tab, t0, nt, kidx, sidx);
+    for (int t0 = t_begin, nt; t0 < t_end; t0 += nt) {
+        /* a tile: positions t0 .. t0 + nt - 1, all in t0's chunk */
+        int room = kv->CH - t0 % kv->CH;
+        nt = t_end - t0 < KVT_ATTN_TILE ? t_end - t0 : KVT_ATTN_TILE;
+        nt = room < nt ? room : nt;
+        size_t k0 = kv_index(kv, l, 0, tab, t0, 0), v0 = k0 + (size_t)kv->CH * kv->NKV * HS; /* V: after the chunk's K rows */
         for (int kh = 0; kh < kv->NKV; kh++) {
-            for (int j = 0; j < nt; j++) { /* V rows follow the chunk's K rows: CH * KVD further */
-                ki[j] = kidx[j] + (size_t)kh * HS;
-                vi[j] = ki[j] + (size_t)kv->CH * KVD;
-                ks[j] = kv->scales ? sidx[j] + (size_t)kh * HS / G : 0;
-                vs[j] = kv->scales ? ks[j] + (size_t)kv->CH * KVD / G : 0;
-            }
-            for (int r = r0; r < r1; r++)
+            size_t ki = k0 + (size_t)kh * HS, vi = v0 + (size_t)kh * HS; /* kv head kh's rows: + j * KVD for key j */
+            for (int r = r0; r < r1; r++) {
+                int nk = kv->row_pos[r] - t0 + 1; /* the causal mask: row r sees keys t0 .. row_pos[r] */
+                if (nk <= 0) continue;            /* all of this tile is in the row's future */
+                nk = nk < nt ? nk : nt;
                 for (int h = kh * group; h < (kh + 1) * group; h++) {
                     const float *qh = q + ((size_t)r * NH + h) * HS;
                     float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
                     float mx = -INFINITY;
-                    kv_tile_dot_cpu(kv, ki, ks, nt, qh, s); /* the tile's scores */
-                    for (int j = 0; j < nt; j++) {
-                        s[j] *= scale;
-                        if (t0 + j > kv->row_pos[r]) s[j] = -INFINITY; /* the causal mask */
-                        mx = s[j] > mx ? s[j] : mx;
-                    }
-                    if (mx == -INFINITY) continue; /* all of this tile is in the query's future */
+                    kv_tile_dot_cpu(kv, ki, nk, qh, scale, s); /* the tile's scores, already scaled */
+#pragma omp simd reduction(max : mx)
+                    for (int j = 0; j < nk; j++) mx = s[j] > mx ? s[j] : mx;
                     if (mx > pp[0]) { /* a new max: rescale what we have (once per tile at most) */
                         float corr = expf(pp[0] - mx);
                         pp[1] *= corr;
                         for (int c = 0; c < HS; c++) pp[2 + c] *= corr;
                         pp[0] = mx;
                     }
-                    float m = pp[0], tile_sum = 0.0f;
-#pragma omp simd reduction(+ : tile_sum) /* 16 weights per instruction */
-                    for (int j = 0; j < nt; j++) { /* weights; a masked key weighs exactly 0 */
-                        s[j] = s[j] == -INFINITY ? 0.0f : exp_neg_cpu(s[j] - m);
-                        tile_sum += s[j];
-                    }
-                    pp[1] += tile_sum;
-                    kv_rows_axpy_cpu(kv, pp + 2, s, vi, vs, nt);
+                    float m = pp[0];
+#pragma omp simd /* 16 weights per instruction */
+                    for (int j = 0; j < nk; j++) s[j] = exp_neg_cpu(s[j] - m);
+                    pp[1] += tile_sum_cpu(s, nk);
+                    kv_rows_axpy_cpu(kv, pp + 2, s, vi, nk);
                 }
+            }
         }
     }
 }

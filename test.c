@@ -480,8 +480,10 @@ static void test_attention(int gpu) {
         {4, 2, 16, 3, 64, 29, 5, KVT_FP16, 16},
         {4, 2, 32, 5, 64, 33, 3, KVT_INT8, 8},
         {4, 2, 32, 16, 64, 47, 2, KVT_INT8, 32},
-        /* a long prefill: 40 rows in blocks of 16, 100 positions in tiles of 32 */
+        /* a long prefill: 40 rows in blocks of 16, 100 positions in tiles of one
+         * chunk (5), then of 32 (CH 64: two full tiles per chunk, the last partly masked) */
         {4, 2, 16, 5, 128, 100, 40, KVT_FP32, 16},
+        {4, 2, 16, 64, 128, 100, 40, KVT_FP32, 16},
         {4, 2, 16, 5, 128, 100, 40, KVT_FP16, 16},
         {4, 2, 48, 7, 128, 77, 21, KVT_INT8, 16},  /* HS 48: 16-lane loops with no leftover, G 16 */
         {2, 1, 40, 4, 128, 70, 3, KVT_INT8, 8},    /* HS 40, G 8: leftovers in every loop */
