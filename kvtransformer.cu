@@ -441,6 +441,19 @@ static int kvt_gpu_available(void) {
     return 1;
 #endif
 }
+/* The GPU's multiprocessors (SMs): the automatic split (attn_split, §15) makes
+ * enough attention blocks to give each KVT_SPLIT_BLOCKS_PER_SM of them. The
+ * emulation stands for a small GPU of 8. */
+static int kvt_gpu_sms(void) {
+#ifdef __CUDACC__
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 1;
+    return n > 0 ? n : 1;
+#else
+    return 8;
+#endif
+}
 static const char *kvt_gpu_name(void) {
 #ifdef __CUDACC__
     static char name[300];
@@ -1293,11 +1306,12 @@ static void rope_cpu(float *q, float *k, const float *freq, const int *row_pos, 
             for (int h = 0; h < NKV; h++) rope_rotate(k + ((size_t)r * NKV + h) * HS + 2 * i, cs, sn);
         }
 }
-/* grid (n), block (KVT_THREADS): thread j rotates pair j of q, then of k. */
+/* grid (ceil(pairs / KVT_THREADS), n), block (KVT_THREADS): thread j of row
+ * blockIdx.y rotates pair j of the row's q heads then k heads, (NH + NKV) * HS / 2 pairs. */
 __global__ void rope_kernel(float *q, float *k, const float *freq, const int *row_pos, int n, int NH, int NKV,
                             int HS) {
-    int r = (int)blockIdx.x;
-    for (int j = (int)threadIdx.x; j < (NH + NKV) * HS / 2; j += (int)blockDim.x) {
+    int r = (int)blockIdx.y, j = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (j < (NH + NKV) * HS / 2) {
         int i = 2 * j, c = i % HS; /* c: the pair's first channel within its head */
         float a = (float)row_pos[r] * freq[c / 2], cs = cosf(a), sn = sinf(a);
         if (i < NH * HS) rope_rotate(q + (size_t)r * NH * HS + i, cs, sn);
@@ -1306,7 +1320,8 @@ __global__ void rope_kernel(float *q, float *k, const float *freq, const int *ro
     (void)n;
 }
 static void rope_gpu(float *q, float *k, const float *freq, const int *row_pos, int n, int NH, int NKV, int HS) {
-    KVT_LAUNCH(rope_kernel, n, 1, KVT_THREADS, q, k, freq, row_pos, n, NH, NKV, HS);
+    KVT_LAUNCH(rope_kernel, kvt_cdiv((NH + NKV) * HS / 2, KVT_THREADS), n, KVT_THREADS, q, k, freq, row_pos, n, NH,
+               NKV, HS);
 }
 
 /* The cache as the attention and kv-write code sees it: the pool's storage plus,
@@ -1620,10 +1635,12 @@ static void kv_write_cpu(kvt_kv kv, const float *k, const float *v, int l, int n
                     kv_store(&kv, i + c, (which ? v : k) + (size_t)r * KVD + h * kv.HS + c, unit);
             }
 }
-/* grid (n), block (KVT_THREADS): threads stride over the 2*KVD/unit units of a row. */
-__global__ void kv_write_kernel(kvt_kv kv, const float *k, const float *v, int l, int n) {
-    int r = (int)blockIdx.x, unit = kv.dtype == KVT_INT8 ? kv.G : 1, KVD = kv.NKV * kv.HS;
-    for (int u = (int)threadIdx.x; u < 2 * KVD / unit; u += (int)blockDim.x) {
+/* grid (ceil(units / KVT_THREADS), n), block (KVT_THREADS): thread u of row
+ * blockIdx.y stores unit u of the row's 2 * KVD / unit (K, then V); a unit is
+ * one value, or one int8 group (which shares a scale). */
+__global__ void kv_write_kernel(kvt_kv kv, const float *k, const float *v, int l, int n, int unit) {
+    int r = (int)blockIdx.y, u = (int)(blockIdx.x * blockDim.x + threadIdx.x), KVD = kv.NKV * kv.HS;
+    if (u < 2 * KVD / unit) {
         /* unit u -> K or V (which), then the element e of the row, its head and channel */
         int which = u / (KVD / unit), e = (u % (KVD / unit)) * unit, h = e / kv.HS, c = e % kv.HS;
         const float *src = (which ? v : k) + (size_t)r * KVD + e;
@@ -1632,7 +1649,8 @@ __global__ void kv_write_kernel(kvt_kv kv, const float *k, const float *v, int l
     (void)n;
 }
 static void kv_write_gpu(kvt_kv kv, const float *k, const float *v, int l, int n) {
-    KVT_LAUNCH(kv_write_kernel, n, 1, KVT_THREADS, kv, k, v, l, n);
+    int unit = kv.dtype == KVT_INT8 ? kv.G : 1;
+    KVT_LAUNCH(kv_write_kernel, kvt_cdiv(2 * kv.NKV * kv.HS / unit, KVT_THREADS), n, KVT_THREADS, kv, k, v, l, n, unit);
 }
 
 // §11 attention, naive ------------------------------------------------------------
@@ -1784,14 +1802,21 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
         }
     }
     int t_end = p_max + 1 < t_begin + split_len ? p_max + 1 : t_begin + split_len;
+    /* A tile: nt consecutive positions from t0, cut into runs where a chunk
+     * ends. Run i is keys at[i] .. at[i+1] - 1 of the tile; inside it, key
+     * j + 1's row is KVD elements after key j's, and its first K row (head 0)
+     * is at element kr[i]. V rows follow the chunk's K rows, voff further. */
+    int at[KVT_ATTN_TILE + 1], nrun;
+    size_t kr[KVT_ATTN_TILE], voff = (size_t)kv->CH * kv->NKV * HS;
     for (int t0 = t_begin, nt; t0 < t_end; t0 += nt) {
-        /* a tile: positions t0 .. t0 + nt - 1, all in t0's chunk */
-        int room = kv->CH - t0 % kv->CH;
         nt = t_end - t0 < KVT_ATTN_TILE ? t_end - t0 : KVT_ATTN_TILE;
-        nt = room < nt ? room : nt;
-        size_t k0 = kv_index(kv, l, 0, tab, t0, 0), v0 = k0 + (size_t)kv->CH * kv->NKV * HS; /* V: after the chunk's K rows */
+        for (nrun = 0, at[0] = 0; at[nrun] < nt; nrun++) {
+            int t = t0 + at[nrun], chunk_end = at[nrun] + kv->CH - t % kv->CH;
+            kr[nrun] = kv_index(kv, l, 0, tab, t, 0);
+            at[nrun + 1] = chunk_end < nt ? chunk_end : nt;
+        }
         for (int kh = 0; kh < kv->NKV; kh++) {
-            size_t ki = k0 + (size_t)kh * HS, vi = v0 + (size_t)kh * HS; /* kv head kh's rows: + j * KVD for key j */
+            size_t off = (size_t)kh * HS; /* kv head kh's rows */
             for (int r = r0; r < r1; r++) {
                 int nk = kv->row_pos[r] - t0 + 1; /* the causal mask: row r sees keys t0 .. row_pos[r] */
                 if (nk <= 0) continue;            /* all of this tile is in the row's future */
@@ -1800,7 +1825,8 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
                     const float *qh = q + ((size_t)r * NH + h) * HS;
                     float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
                     float mx = -INFINITY;
-                    kv_tile_dot_cpu(kv, ki, nk, qh, scale, s); /* the tile's scores, already scaled */
+                    for (int i = 0; i < nrun && at[i] < nk; i++) /* the tile's scores, already scaled */
+                        kv_tile_dot_cpu(kv, kr[i] + off, (at[i + 1] < nk ? at[i + 1] : nk) - at[i], qh, scale, s + at[i]);
 #pragma omp simd reduction(max : mx)
                     for (int j = 0; j < nk; j++) mx = s[j] > mx ? s[j] : mx;
                     if (mx > pp[0]) { /* a new max: rescale what we have (once per tile at most) */
@@ -1813,7 +1839,8 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
 #pragma omp simd /* 16 weights per instruction */
                     for (int j = 0; j < nk; j++) s[j] = exp_neg_cpu(s[j] - m);
                     pp[1] += tile_sum_cpu(s, nk);
-                    kv_rows_axpy_cpu(kv, pp + 2, s, vi, nk);
+                    for (int i = 0; i < nrun && at[i] < nk; i++)
+                        kv_rows_axpy_cpu(kv, pp + 2, s + at[i], kr[i] + voff + off, (at[i + 1] < nk ? at[i + 1] : nk) - at[i]);
                 }
             }
         }
@@ -1962,17 +1989,18 @@ static void swiglu_cpu(float *hb, const float *hb2, int n, int HD) {
 #pragma omp parallel for if (N > 32768) /* one expf per value: worth both cores from a few rows on */
     for (long i = 0; i < N; i++) hb[i] = hb[i] / (1.0f + expf(-hb[i])) * hb2[i];
 }
-/* grid (n), block (KVT_THREADS): threads stride over the HD channels of a row. */
+/* grid (ceil(HD / KVT_THREADS), n), block (KVT_THREADS): one thread per value
+ * of row blockIdx.y. (One block per row would leave a decode step, n = 1, on
+ * one SM, its threads looping over HD; the element-wise kernels below are
+ * shaped the same way.) */
 __global__ void swiglu_kernel(float *hb, const float *hb2, int n, int HD) {
-    size_t r = blockIdx.x;
-    for (int c = (int)threadIdx.x; c < HD; c += (int)blockDim.x) {
-        float a = hb[r * HD + c];
-        hb[r * HD + c] = a / (1.0f + expf(-a)) * hb2[r * HD + c];
-    }
+    int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    size_t i = (size_t)blockIdx.y * HD + c;
+    if (c < HD) hb[i] = hb[i] / (1.0f + expf(-hb[i])) * hb2[i];
     (void)n;
 }
 static void swiglu_gpu(float *hb, const float *hb2, int n, int HD) {
-    KVT_LAUNCH(swiglu_kernel, n, 1, KVT_THREADS, hb, hb2, n, HD);
+    KVT_LAUNCH(swiglu_kernel, kvt_cdiv(HD, KVT_THREADS), n, KVT_THREADS, hb, hb2, n, HD);
 }
 
 // §14 residual add --------------------------------------------------------------------
@@ -1983,14 +2011,15 @@ static void residual_cpu(float *x, const float *y, int n, int D) {
 #pragma omp parallel for if (N > 65536)
     for (long i = 0; i < N; i++) x[i] += y[i];
 }
-/* grid (n), block (KVT_THREADS). */
+/* grid (ceil(D / KVT_THREADS), n), block (KVT_THREADS): one thread per value. */
 __global__ void residual_kernel(float *x, const float *y, int n, int D) {
-    size_t r = blockIdx.x;
-    for (int c = (int)threadIdx.x; c < D; c += (int)blockDim.x) x[r * D + c] += y[r * D + c];
+    int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    size_t i = (size_t)blockIdx.y * D + c;
+    if (c < D) x[i] += y[i];
     (void)n;
 }
 static void residual_gpu(float *x, const float *y, int n, int D) {
-    KVT_LAUNCH(residual_kernel, n, 1, KVT_THREADS, x, y, n, D);
+    KVT_LAUNCH(residual_kernel, kvt_cdiv(D, KVT_THREADS), n, KVT_THREADS, x, y, n, D);
 }
 
 // §15 the engine and the forward pass -----------------------------------------------
@@ -2014,7 +2043,12 @@ static const kvt_ops kvt_cpu_ops = {embed_cpu, rmsnorm_cpu, matmul_cpu, rope_cpu
 static const kvt_ops kvt_gpu_ops = {embed_gpu, rmsnorm_gpu, matmul_gpu, rope_gpu, kv_write_gpu,
                                     attention_naive_gpu, attention_fused_gpu, swiglu_gpu, residual_gpu};
 
-#define KVT_AUTO_SPLIT 256 /* GPU automatic split: pieces of 256 positions once T > 2 pieces */
+/* GPU automatic split: one block per (row, head, piece) of the fused attention
+ * (§12). Decode has few rows (NH x 1 = 32 blocks for one 7B sequence on 132
+ * SMs: three quarters of the GPU idle), so cut the positions into as many
+ * pieces as give KVT_SPLIT_BLOCKS_PER_SM blocks per SM, but none shorter than a
+ * tile of KVT_THREADS keys. A batch of 16 rows fills the GPU unsplit. */
+#define KVT_SPLIT_BLOCKS_PER_SM 2
 /* CPU automatic split: a call of at most KVT_CPU_SPLIT_ROWS rows (decode, a small
  * batch) cuts each row's positions into pieces of KVT_CPU_SPLIT, so that one
  * sequence still makes enough work items for every core (§12); more rows
@@ -2037,6 +2071,7 @@ struct kvt_engine {
     kvt_model *m;
     kvt_options o;
     int gpu;                 /* 1: buffers and pool on the GPU (or the emulation) */
+    int sms;                 /* GPU: its multiprocessors (kvt_gpu_sms), for the automatic split */
     const kvt_ops *op;
     const kvt_weights *w;    /* host or device weights */
     kvt_pool pool;
@@ -2184,8 +2219,10 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
     e->rows = o->max_rows;
     /* The split scratch is sized for the most pieces any call can need (attn_split). */
     size_t R = (size_t)e->rows, cpu_parts = (size_t)KVT_CPU_SPLIT_ROWS * (size_t)kvt_cdiv(TMAX, KVT_CPU_SPLIT);
+    e->sms = e->gpu ? kvt_gpu_sms() : 0;
     if (o->split_len > 0) kvt_mul_ok(R, (size_t)kvt_cdiv(TMAX, o->split_len), &e->part_cap);
-    else if (e->gpu) kvt_mul_ok(R, (size_t)kvt_cdiv(TMAX, KVT_AUTO_SPLIT), &e->part_cap);
+    else if (e->gpu) /* n rows x ceil(B / (NH n)) pieces <= B / NH + n, with B the blocks wanted */
+        e->part_cap = R + (size_t)kvt_cdiv(KVT_SPLIT_BLOCKS_PER_SM * e->sms, c->n_heads);
     else e->part_cap = R > cpu_parts ? R : cpu_parts;
     /* Every size first, in size_t with overflow checks; then one check that they
      * fit in memory; only then the allocations. The scratch table's shapes are
@@ -2367,7 +2404,10 @@ static void attn_split(const kvt_engine *e, int max_pos, int n_rows, int *split_
     int T = max_pos + 1, len = e->o.split_len;
     if (len == 0 && !e->gpu) /* CPU: work items are (block of rows, piece); a few rows need pieces to fill the cores */
         len = n_rows <= KVT_CPU_SPLIT_ROWS && T > KVT_CPU_SPLIT ? KVT_CPU_SPLIT : T;
-    if (len == 0) len = T > 2 * KVT_AUTO_SPLIT ? KVT_AUTO_SPLIT : T; /* automatic: only long contexts */
+    if (len == 0) { /* GPU: KVT_SPLIT_BLOCKS_PER_SM blocks per SM, pieces of at least a tile */
+        int want = kvt_cdiv(KVT_SPLIT_BLOCKS_PER_SM * e->sms, e->m->c.n_heads * n_rows), most = kvt_cdiv(T, KVT_THREADS);
+        len = kvt_cdiv(T, want < most ? want : most);
+    }
     if (len < 0 || len > T) len = T;
     *split_len = len;
     *nsplit = kvt_cdiv(T, len);

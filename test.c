@@ -681,6 +681,59 @@ static kvt_config cfg(int D, int L, int NH, int NKV, int HD, int V, int TMAX) {
  * each output to one thread, which computes it in a fixed order. A prefill of
  * 40 rows (sgemm, blocks of rows), then decode steps (tile loop, split pieces),
  * on 1 and on 2 threads. */
+/* The GPU's automatic split (attn_split): enough blocks (NH x rows x pieces)
+ * for 2 per SM, pieces no shorter than a tile, and never more (row, piece)
+ * pairs than the engine's part buffer holds. The cases are worked by hand for
+ * an H200 (132 SMs) and a 7B model (32 heads). */
+static void test_gpu_split_rule(void) {
+    kvt_model m;
+    kvt_engine e;
+    memset(&m, 0, sizeof(m));
+    memset(&e, 0, sizeof(e));
+    m.c.n_heads = 32;
+    e.m = &m;
+    e.gpu = 1;
+    e.sms = 132;
+    struct { int T, rows, len, nsplit; const char *why; } cases[] = {
+        /* 264 blocks wanted: ceil(264 / 32) = 9 pieces of ceil(4096 / 9) = 456 */
+        {4096, 1, 456, 9, "one 7B sequence at 4096: 9 pieces, 288 blocks >= 2 x 132"},
+        {4096, 4, 1366, 3, "4 rows: ceil(264 / 128) = 3 pieces"},
+        {4096, 16, 4096, 1, "16 rows: 512 blocks unsplit"},
+        {1, 1, 1, 1, "one position: nothing to split"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int len, ns;
+        attn_split(&e, cases[i].T - 1, cases[i].rows, &len, &ns);
+        expect(len == cases[i].len && ns == cases[i].nsplit, "GPU split rule, %s: split_len %d (want %d), %d pieces "
+               "(want %d)", cases[i].why, len, cases[i].len, ns, cases[i].nsplit);
+    }
+    /* short contexts: no piece shorter than a tile of KVT_THREADS keys */
+    int len, ns, T = 3 * KVT_THREADS;
+    attn_split(&e, T - 1, 1, &len, &ns);
+    expect(ns == 3 && len == KVT_THREADS, "GPU split rule, 1 row at 3 tiles (%d positions): 3 pieces of a tile "
+           "(got %d of %d)", T, ns, len);
+    /* a real (emulated) engine: every call fits its part buffer */
+    if (!kvt_gpu_available()) { skip("GPU split rule on an engine: no GPU"); return; }
+    kvt_model rm;
+    kvt_engine *re;
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_GPU;
+    o.max_rows = 8;
+    KVT_ASSERT(kvt_model_random(&rm, cfg(64, 1, 2, 2, 64, 50, 300), 1) == KVT_OK);
+    KVT_ASSERT(kvt_engine_create(&re, &rm, &o) == KVT_OK);
+    int worst = 0, bad = 0;
+    for (int n = 1; n <= o.max_rows; n++)
+        for (int t = 1; t <= 300; t++) {
+            attn_split(re, t - 1, n, &len, &ns);
+            worst = n * ns > worst ? n * ns : worst;
+            bad += (size_t)n * ns > re->part_cap || len * ns < t || len < 1;
+        }
+    expect(bad == 0, "GPU split rule: every (rows, T) up to (8, 300) covers T and fits the part buffer (most %d "
+           "pairs, room for %zu; %d SMs)", worst, re->part_cap, re->sms);
+    kvt_engine_free(re);
+    kvt_model_free(&rm);
+}
 static void test_threads(void) {
     kvt_model m;
     KVT_ASSERT(kvt_model_random(&m, cfg(64, 2, 4, 2, 128, 300, 512), 9) == KVT_OK);
@@ -3002,6 +3055,7 @@ int main(int argc, char **argv) {
     test_attention(0);
     test_attention_ragged(0);
     test_threads();
+    test_gpu_split_rule();
     test_cache_on_off();
     test_prefill();
     test_quantized_e2e();

@@ -304,8 +304,8 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
     kvt_kv kv = kv_view(p, e->tables, e->row_tab, e->row_pos, e->row_len);
     int auto_len, auto_n;
     attn_split(e, T - 1, 1, &auto_len, &auto_n);
-    if (auto_n == 1 && (size_t)kvt_cdiv(T, KVT_AUTO_SPLIT) <= e->part_cap) { /* split anyway, to compare */
-        auto_len = KVT_AUTO_SPLIT < T ? KVT_AUTO_SPLIT : T;
+    if (auto_n == 1 && (size_t)kvt_cdiv(T, 256) <= e->part_cap) { /* split anyway (pieces of 256), to compare */
+        auto_len = 256 < T ? 256 : T;
         auto_n = kvt_cdiv(T, auto_len);
     }
     const char *names[3] = {"naive (score row)", "fused (one pass)", "fused, split + merge"};
