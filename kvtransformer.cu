@@ -186,6 +186,7 @@ static double kvt_now(void) { /* seconds, monotonic */
 #include <cuda_runtime.h>
 #define KVT_THREADS 128 /* threads per block for row kernels */
 #define KVT_TILE 16     /* tiled matmul: (16 x 16) outputs, 256 threads */
+#define KVT_ROW_BLOCKS 256 /* element-wise kernels: most blocks per row (then threads loop) */
 #define KVT_HD static __host__ __device__ /* a function for both CPU and GPU code */
 
 static int kvt_sync_launches = -1; /* KVT_SYNC=1: synchronize after every launch */
@@ -209,9 +210,11 @@ static void kvt_launch_check(const char *name, const char *file, int line) {
 #ifdef KVT_GPU_SIZES /* the GPU build's blocks, to test the kernels as the GPU runs them (make test-gpu-sizes) */
 #define KVT_THREADS 128
 #define KVT_TILE 16
+#define KVT_ROW_BLOCKS 256
 #else
 #define KVT_THREADS 32 /* one warp: barriers are cheap only in small teams */
 #define KVT_TILE 8     /* tiled matmul: (8 x 8) outputs, 64 threads */
+#define KVT_ROW_BLOCKS 2 /* each block ends in a barrier of the team: few blocks, threads loop */
 #endif
 #define KVT_HD static
 #define __global__ static
@@ -351,6 +354,12 @@ __device__ float block_reduce(float v, int op) {
 }
 
 static int kvt_cdiv(long a, long b) { return (int)((a + b - 1) / b); }
+/* The blocks an element-wise kernel gives one row of `count` values: one value
+ * per thread, but at most KVT_ROW_BLOCKS (the threads then loop). */
+static int row_blocks(int count) {
+    int b = kvt_cdiv(count, KVT_THREADS);
+    return b < KVT_ROW_BLOCKS ? b : KVT_ROW_BLOCKS;
+}
 
 // §3 device memory helpers -----------------------------------------------------
 /* Buffers of the engine live on the device it runs on: plain malloc for the CPU
@@ -1306,12 +1315,13 @@ static void rope_cpu(float *q, float *k, const float *freq, const int *row_pos, 
             for (int h = 0; h < NKV; h++) rope_rotate(k + ((size_t)r * NKV + h) * HS + 2 * i, cs, sn);
         }
 }
-/* grid (ceil(pairs / KVT_THREADS), n), block (KVT_THREADS): thread j of row
- * blockIdx.y rotates pair j of the row's q heads then k heads, (NH + NKV) * HS / 2 pairs. */
+/* grid (row_blocks(pairs), n), block (KVT_THREADS): the threads of row
+ * blockIdx.y rotate pairs j of its q heads, then k heads, (NH + NKV) * HS / 2
+ * pairs, in a grid-stride loop (as swiglu_kernel, §13). */
 __global__ void rope_kernel(float *q, float *k, const float *freq, const int *row_pos, int n, int NH, int NKV,
                             int HS) {
-    int r = (int)blockIdx.y, j = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-    if (j < (NH + NKV) * HS / 2) {
+    int r = (int)blockIdx.y;
+    for (int j = (int)(blockIdx.x * blockDim.x + threadIdx.x); j < (NH + NKV) * HS / 2; j += (int)(gridDim.x * blockDim.x)) {
         int i = 2 * j, c = i % HS; /* c: the pair's first channel within its head */
         float a = (float)row_pos[r] * freq[c / 2], cs = cosf(a), sn = sinf(a);
         if (i < NH * HS) rope_rotate(q + (size_t)r * NH * HS + i, cs, sn);
@@ -1320,8 +1330,7 @@ __global__ void rope_kernel(float *q, float *k, const float *freq, const int *ro
     (void)n;
 }
 static void rope_gpu(float *q, float *k, const float *freq, const int *row_pos, int n, int NH, int NKV, int HS) {
-    KVT_LAUNCH(rope_kernel, kvt_cdiv((NH + NKV) * HS / 2, KVT_THREADS), n, KVT_THREADS, q, k, freq, row_pos, n, NH,
-               NKV, HS);
+    KVT_LAUNCH(rope_kernel, row_blocks((NH + NKV) * HS / 2), n, KVT_THREADS, q, k, freq, row_pos, n, NH, NKV, HS);
 }
 
 /* The cache as the attention and kv-write code sees it: the pool's storage plus,
@@ -1426,11 +1435,14 @@ KVT_HD void kv_axpy(const kvt_kv *kv, size_t i, float w, float *acc, int HS) {
 
 #define KVT_ATTN_TILE 32 /* most keys per tile of the CPU's fused attention (§12) */
 /* The CPU's fused attention (§12) reads the cache a tile at a time: up to
- * KVT_ATTN_TILE consecutive positions of one sequence inside one chunk. Inside
- * a chunk, position t+1's row follows position t's, KVD = NKV * HS elements
- * further, so a tile is one kv_index (its first row) and a stride: no table
- * look-up or division per key. (int8: row j's first scale is (i + j * KVD) / G,
- * since G divides HS and so KVD.) */
+ * KVT_ATTN_TILE consecutive positions of one sequence, cut into runs where a
+ * chunk ends. Inside a chunk, position t+1's row follows position t's, KVD =
+ * NKV * HS elements further, so a run is one kv_index (its first row) and a
+ * stride: no table look-up or division per key. (int8: row j's first scale is
+ * (i + j * KVD) / G, since G divides HS and so KVD.) Tiles of one chunk (16
+ * positions by default) made the fp16 cache 20% slower from memory than
+ * tiles of 32 (a tile's fixed costs, its max, exponentials and sums, are paid
+ * once per query and tile). */
 /* 16 stored values -> 16 floats, in registers. fp16: the values of f16_to_f32
  * (the spec), by the hardware where the compiler offers it: one instruction
  * with AVX-512, two with F16C (x86 since 2012), Arm's native half type. One at
@@ -1635,12 +1647,12 @@ static void kv_write_cpu(kvt_kv kv, const float *k, const float *v, int l, int n
                     kv_store(&kv, i + c, (which ? v : k) + (size_t)r * KVD + h * kv.HS + c, unit);
             }
 }
-/* grid (ceil(units / KVT_THREADS), n), block (KVT_THREADS): thread u of row
- * blockIdx.y stores unit u of the row's 2 * KVD / unit (K, then V); a unit is
- * one value, or one int8 group (which shares a scale). */
+/* grid (row_blocks(units), n), block (KVT_THREADS): the threads of row
+ * blockIdx.y store units u of its 2 * KVD / unit (K, then V) in a grid-stride
+ * loop; a unit is one value, or one int8 group (which shares a scale). */
 __global__ void kv_write_kernel(kvt_kv kv, const float *k, const float *v, int l, int n, int unit) {
-    int r = (int)blockIdx.y, u = (int)(blockIdx.x * blockDim.x + threadIdx.x), KVD = kv.NKV * kv.HS;
-    if (u < 2 * KVD / unit) {
+    int r = (int)blockIdx.y, KVD = kv.NKV * kv.HS;
+    for (int u = (int)(blockIdx.x * blockDim.x + threadIdx.x); u < 2 * KVD / unit; u += (int)(gridDim.x * blockDim.x)) {
         /* unit u -> K or V (which), then the element e of the row, its head and channel */
         int which = u / (KVD / unit), e = (u % (KVD / unit)) * unit, h = e / kv.HS, c = e % kv.HS;
         const float *src = (which ? v : k) + (size_t)r * KVD + e;
@@ -1650,7 +1662,7 @@ __global__ void kv_write_kernel(kvt_kv kv, const float *k, const float *v, int l
 }
 static void kv_write_gpu(kvt_kv kv, const float *k, const float *v, int l, int n) {
     int unit = kv.dtype == KVT_INT8 ? kv.G : 1;
-    KVT_LAUNCH(kv_write_kernel, kvt_cdiv(2 * kv.NKV * kv.HS / unit, KVT_THREADS), n, KVT_THREADS, kv, k, v, l, n, unit);
+    KVT_LAUNCH(kv_write_kernel, row_blocks(2 * kv.NKV * kv.HS / unit), n, KVT_THREADS, kv, k, v, l, n, unit);
 }
 
 // §11 attention, naive ------------------------------------------------------------
@@ -1751,7 +1763,7 @@ static void attention_naive_gpu(float *out, const float *q, kvt_kv kv, int l, in
  * With one split this is the plain fused loop.
  *
  * The CPU version walks the keys in tiles of up to KVT_ATTN_TILE positions
- * inside one chunk (so a tile's rows are a fixed stride apart), and each tile
+ * (in runs of a fixed stride, one per chunk they touch), and each tile
  * serves a block of queries: up to KVT_ATTN_QROWS consecutive rows of one
  * sequence (a prefill) times the NH/NKV query heads that share a kv head. A
  * K/V row is then read from memory (and decoded) once per block instead of
@@ -1774,8 +1786,7 @@ static void attention_naive_gpu(float *out, const float *q, kvt_kv kv, int l, in
 
 /* s[0] + ... + s[n-1] for a tile (s has room for KVT_ATTN_TILE values): zero
  * the rest, add 16 at a time, then one horizontal sum. (An `omp simd
- * reduction(+)` ends in 16 dependent scalar adds with GCC 12; this made
- * decode attention ~5% faster.) */
+ * reduction(+)` ends in 16 dependent scalar adds with GCC 12.) */
 static inline float tile_sum_cpu(float *s, int n) {
     for (int j = n; j < KVT_ATTN_TILE; j++) s[j] = 0.0f;
     kvt_f32x16 v = f32x16_load(s);
@@ -1989,18 +2000,19 @@ static void swiglu_cpu(float *hb, const float *hb2, int n, int HD) {
 #pragma omp parallel for if (N > 32768) /* one expf per value: worth both cores from a few rows on */
     for (long i = 0; i < N; i++) hb[i] = hb[i] / (1.0f + expf(-hb[i])) * hb2[i];
 }
-/* grid (ceil(HD / KVT_THREADS), n), block (KVT_THREADS): one thread per value
- * of row blockIdx.y. (One block per row would leave a decode step, n = 1, on
- * one SM, its threads looping over HD; the element-wise kernels below are
- * shaped the same way.) */
+/* grid (row_blocks(HD), n), block (KVT_THREADS): the threads of row
+ * blockIdx.y's blocks take its values in turn (a grid-stride loop; on the GPU
+ * one value each up to 256 blocks). One block per row would leave a decode
+ * step, n = 1, on one SM, its threads looping over HD; the element-wise
+ * kernels of §10 and §14 are shaped the same way. */
 __global__ void swiglu_kernel(float *hb, const float *hb2, int n, int HD) {
-    int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-    size_t i = (size_t)blockIdx.y * HD + c;
-    if (c < HD) hb[i] = hb[i] / (1.0f + expf(-hb[i])) * hb2[i];
+    size_t r = blockIdx.y;
+    for (int c = (int)(blockIdx.x * blockDim.x + threadIdx.x); c < HD; c += (int)(gridDim.x * blockDim.x))
+        hb[r * HD + c] = hb[r * HD + c] / (1.0f + expf(-hb[r * HD + c])) * hb2[r * HD + c];
     (void)n;
 }
 static void swiglu_gpu(float *hb, const float *hb2, int n, int HD) {
-    KVT_LAUNCH(swiglu_kernel, kvt_cdiv(HD, KVT_THREADS), n, KVT_THREADS, hb, hb2, n, HD);
+    KVT_LAUNCH(swiglu_kernel, row_blocks(HD), n, KVT_THREADS, hb, hb2, n, HD);
 }
 
 // §14 residual add --------------------------------------------------------------------
@@ -2011,15 +2023,15 @@ static void residual_cpu(float *x, const float *y, int n, int D) {
 #pragma omp parallel for if (N > 65536)
     for (long i = 0; i < N; i++) x[i] += y[i];
 }
-/* grid (ceil(D / KVT_THREADS), n), block (KVT_THREADS): one thread per value. */
+/* grid (row_blocks(D), n), block (KVT_THREADS): a grid-stride loop over row blockIdx.y. */
 __global__ void residual_kernel(float *x, const float *y, int n, int D) {
-    int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-    size_t i = (size_t)blockIdx.y * D + c;
-    if (c < D) x[i] += y[i];
+    size_t r = blockIdx.y;
+    for (int c = (int)(blockIdx.x * blockDim.x + threadIdx.x); c < D; c += (int)(gridDim.x * blockDim.x))
+        x[r * D + c] += y[r * D + c];
     (void)n;
 }
 static void residual_gpu(float *x, const float *y, int n, int D) {
-    KVT_LAUNCH(residual_kernel, kvt_cdiv(D, KVT_THREADS), n, KVT_THREADS, x, y, n, D);
+    KVT_LAUNCH(residual_kernel, row_blocks(D), n, KVT_THREADS, x, y, n, D);
 }
 
 // §15 the engine and the forward pass -----------------------------------------------
