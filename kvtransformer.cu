@@ -1027,32 +1027,38 @@ static void rmsnorm_gpu(float *out, const float *x, const float *w, int n, int D
  * weight row read from memory once for all n rows), OpenBLAS's sgemm for
  * prefill pieces of KVT_SGEMM_ROWS rows and more. */
 
-/* 16 floats as one C value: one AVX-512 register (two AVX2 ones, four NEON
- * ones). GCC and Clang compile `acc += a * b` on this type to vector
- * multiply-adds. It is used where running sums must stay in registers, the
- * matmul tile here and attention's inner loops (§10, §12): written with float
- * arrays, the compiler keeps them in memory (measured on the tile: 36 GFLOP/s
- * with arrays, 105 with this type). */
-typedef float kvt_f32x16 __attribute__((vector_size(64)));
+/* KVT_VEC floats as one C value: one register, 16 with AVX-512, else 8 (one
+ * AVX2 register, two NEON ones). GCC and Clang compile `acc += a * b` on this
+ * type to vector multiply-adds. It is used where running sums must stay in
+ * registers, the matmul tile here and attention's inner loops (§10, §12):
+ * written with float arrays, the compiler keeps them in memory (measured on
+ * the tile: 36 GFLOP/s with arrays, 105 with this type). One register, not
+ * more: AVX2 has 16 registers, and a 16-float type takes two of them, so the
+ * 4 x 4 running sums of the tile below would spill to memory. */
+#if defined(__AVX512F__)
+#define KVT_VEC 16
+#else
+#define KVT_VEC 8
+#endif
+typedef float kvt_vec __attribute__((vector_size(KVT_VEC * sizeof(float))));
 #if defined(__GNUC__) && !defined(__clang__) /* "a 64-byte vector without AVX-512 changes the ABI": */
 #pragma GCC diagnostic ignored "-Wpsabi"     /* these functions are all static, no ABI is crossed */
 #endif
-static inline kvt_f32x16 f32x16_load(const float *p) { /* any alignment */
-    kvt_f32x16 v;
+static inline kvt_vec vec_load(const float *p) { /* any alignment */
+    kvt_vec v;
     memcpy(&v, p, sizeof(v));
     return v;
 }
 
-/* The 16 lanes added up. With AVX-512 the instruction set has a helper for it
- * (halves added to halves: 8 instructions; attention does one per score).
- * Elsewhere a tree of lane reads: v[i] reads a lane in place, while copying v
- * to an array first would send it through memory. */
-static inline float f32x16_sum(kvt_f32x16 v) {
-#if defined(__AVX512F__)
+/* The lanes added up. With AVX-512 the instruction set has a helper for it
+ * (halves added to halves; attention does one per score). Elsewhere a tree of
+ * lane reads: v[i] reads a lane in place, while copying v to an array first
+ * would send it through memory. */
+static inline float vec_sum(kvt_vec v) {
+#if KVT_VEC == 16
     return _mm512_reduce_add_ps(v);
 #else
-    return (((v[0] + v[8]) + (v[4] + v[12])) + ((v[2] + v[10]) + (v[6] + v[14]))) +
-           (((v[1] + v[9]) + (v[5] + v[13])) + ((v[3] + v[11]) + (v[7] + v[15])));
+    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 #endif
 }
 /* e^x for x <= 0 (softmax weights), as plain arithmetic so that a loop over a
@@ -1077,11 +1083,11 @@ static inline float exp_neg_cpu(float x) {
 }
 
 /* One tile: NX rows of x against 4 rows of w, 4*NX dot products of length k
- * computed together. Each 16 floats of a weight row are loaded once and used
- * for all NX rows of x; each 16 floats of x serve 4 weight rows.
+ * computed together. Each KVT_VEC floats of a weight row are loaded once and used
+ * for all NX rows of x; each KVT_VEC floats of x serve 4 weight rows.
  *
  *            w rows j..j+3 (streamed from memory, once)
- *   x row 0  [acc00 acc01 acc02 acc03]      acc = 16 partial sums each,
+ *   x row 0  [acc00 acc01 acc02 acc03]      acc = KVT_VEC partial sums each,
  *   x row 1  [acc10 ...              ]      added up at the end
  *   ...      (NX <= 4 rows, in cache)
  *
@@ -1091,15 +1097,15 @@ static inline float exp_neg_cpu(float x) {
 static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, const float *x, const float *w,
                                                                   int NX, int nw, int k, int d) {
     const float *wr[4];
-    kvt_f32x16 acc[4][4];
+    kvt_vec acc[4][4];
     for (int j = 0; j < 4; j++) wr[j] = w + (size_t)(j < nw ? j : 0) * k;
     for (int i = 0; i < NX; i++)
-        for (int j = 0; j < 4; j++) acc[i][j] = (kvt_f32x16){0};
+        for (int j = 0; j < 4; j++) acc[i][j] = (kvt_vec){0};
     int c = 0;
-    for (; c + 16 <= k; c += 16) {
-        kvt_f32x16 wv[4];
+    for (; c + KVT_VEC <= k; c += KVT_VEC) {
+        kvt_vec wv[4];
         for (int j = 0; j < 4; j++) {
-            wv[j] = f32x16_load(wr[j] + c);
+            wv[j] = vec_load(wr[j] + c);
             /* Ask now for the same columns of the next tile's rows (4 rows on):
              * the hardware prefetcher stops at every 4 KiB page, this does not
              * (measured +10% on a 32000 x 768 decode matmul). A prefetch past
@@ -1107,28 +1113,33 @@ static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, co
             __builtin_prefetch(wr[j] + c + 4 * (size_t)k);
         }
         for (int i = 0; i < NX; i++) {
-            kvt_f32x16 xv = f32x16_load(x + (size_t)i * k + c);
+            kvt_vec xv = vec_load(x + (size_t)i * k + c);
             for (int j = 0; j < 4; j++) acc[i][j] += xv * wv[j];
         }
     }
     for (int i = 0; i < NX; i++)
         for (int j = 0; j < nw; j++) {
-            float s = f32x16_sum(acc[i][j]);
-            for (int cc = c; cc < k; cc++) s += x[(size_t)i * k + cc] * wr[j][cc]; /* k % 16 leftovers */
+            float s = vec_sum(acc[i][j]);
+            for (int cc = c; cc < k; cc++) s += x[(size_t)i * k + cc] * wr[j][cc]; /* k % KVT_VEC leftovers */
             out[(size_t)i * d + j] = s;
         }
 }
 /* All tiles: the cores split the rows of w (each core streams its own part of
- * the matrix), and each core walks all rows of x, 4 at a time, for every
- * 4 rows of w it holds in cache. */
+ * the matrix), and each core walks all rows of x, KVT_TILE_X at a time, for
+ * every 4 rows of w it holds in cache. KVT_TILE_X x 4 running sums must fit in
+ * the registers: 16 of AVX-512's 32, but with AVX2's 16 registers 4 x 4 spill
+ * to memory, and 3 x 4 leave room for the 4 weight vectors (measured on a
+ * 2-core AMD EPYC, 16 rows of the 110M shape's w1: 40 GFLOP/s with 4 rows of
+ * x per tile, 49 with 3). */
+#define KVT_TILE_X (KVT_VEC == 16 ? 4 : 3)
 static void matmul_rows_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
 #pragma omp parallel for schedule(static) if ((long)n * d * k > 100000)
     for (int j = 0; j < d; j += 4) {
         int nw = d - j < 4 ? d - j : 4;
-        for (int i = 0; i < n; i += 4) {
+        for (int i = 0; i < n; i += KVT_TILE_X) {
             float *o = out + (size_t)i * d + j;
             const float *xi = x + (size_t)i * k, *wj = w + (size_t)j * k;
-            switch (n - i) { /* a constant NX for each copy of the tile */
+            switch (n - i < KVT_TILE_X ? n - i : KVT_TILE_X) { /* a constant NX for each copy of the tile */
             case 1: matmul_tile_cpu(o, xi, wj, 1, nw, k, d); break;
             case 2: matmul_tile_cpu(o, xi, wj, 2, nw, k, d); break;
             case 3: matmul_tile_cpu(o, xi, wj, 3, nw, k, d); break;
@@ -1443,99 +1454,98 @@ KVT_HD void kv_axpy(const kvt_kv *kv, size_t i, float w, float *acc, int HS) {
  * positions by default) made the fp16 cache 20% slower from memory than
  * tiles of 32 (a tile's fixed costs, its max, exponentials and sums, are paid
  * once per query and tile). */
-/* 16 stored values -> 16 floats, in registers. fp16: the values of f16_to_f32
- * (the spec), by the hardware where the compiler offers it: one instruction
- * with AVX-512, two with F16C (x86 since 2012), Arm's native half type. One at
- * a time in software, the conversion cost more than the bytes fp16 saves (the
- * fp16 cache was 2x slower than fp32). make test checks all 65,536 halves.
- * int8: widened and converted, two instructions with AVX-512 (GCC 12 turns the
- * plain loop and __builtin_convertvector into a dozen). */
-static inline kvt_f32x16 f16x16_to_f32(const uint16_t *p) {
-    kvt_f32x16 v;
-#if defined(__AVX512F__)
+/* KVT_VEC stored values -> KVT_VEC floats, in registers. fp16: the values of
+ * f16_to_f32 (the spec), by the hardware where the compiler offers it: one
+ * instruction with AVX-512 or F16C (x86 since 2012), Arm's native half type.
+ * One at a time in software, the conversion cost more than the bytes fp16
+ * saves (the fp16 cache was 2x slower than fp32). make test checks all 65,536
+ * halves. int8: widened and converted, two instructions with AVX-512 or AVX2
+ * (GCC 12 turns the plain loop and __builtin_convertvector into a dozen). */
+static inline kvt_vec vec_load_f16(const uint16_t *p) {
+    kvt_vec v;
+#if KVT_VEC == 16
     v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 #elif defined(__F16C__)
-    __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
-    memcpy(&v, &lo, sizeof(lo));
-    memcpy((char *)&v + sizeof(lo), &hi, sizeof(hi));
+    v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 #elif defined(__ARM_FP16_FORMAT_IEEE) && !defined(__CUDACC__)
-    for (int i = 0; i < 16; i++) v[i] = (float)((const __fp16 *)p)[i];
+    for (int i = 0; i < KVT_VEC; i++) v[i] = (float)((const __fp16 *)p)[i];
 #else
-    for (int i = 0; i < 16; i++) v[i] = f16_to_f32(p[i]);
+    for (int i = 0; i < KVT_VEC; i++) v[i] = f16_to_f32(p[i]);
 #endif
     return v;
 }
-static inline kvt_f32x16 i8x16_to_f32(const int8_t *p) {
-    kvt_f32x16 v;
-#if defined(__AVX512F__)
+static inline kvt_vec vec_load_i8(const int8_t *p) {
+    kvt_vec v;
+#if KVT_VEC == 16
     v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#elif defined(__AVX2__)
+    v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 #else
-    for (int i = 0; i < 16; i++) v[i] = (float)p[i];
+    for (int i = 0; i < KVT_VEC; i++) v[i] = (float)p[i];
 #endif
     return v;
 }
 
 /* The CPU's kv_dot and kv_axpy, which the fused attention (§12) runs on: the
- * same sums, 16 values at a time, fp16 and int8 converted in registers as they
+ * same sums, KVT_VEC values at a time, fp16 and int8 converted in registers as they
  * are read, so the cache is read once in its stored type (the bytes fp16 and
  * int8 save are bytes not read). ki: element index of a row's first value;
- * si: index of its first int8 scale. Leftovers (HS or G not a multiple of 16)
+ * si: index of its first int8 scale. Leftovers (HS or G not a multiple of KVT_VEC)
  * go one value at a time. */
 static inline float kv_row_dot_cpu(const kvt_kv *kv, size_t ki, size_t si, const float *q) {
     int HS = kv->HS, c = 0;
-    kvt_f32x16 acc = {0};
+    kvt_vec acc = {0};
     float s = 0.0f;
     if (kv->dtype == KVT_FP32) {
         const float *k = (const float *)kv->data + ki;
-        for (; c + 16 <= HS; c += 16) acc += f32x16_load(q + c) * f32x16_load(k + c);
+        for (; c + KVT_VEC <= HS; c += KVT_VEC) acc += vec_load(q + c) * vec_load(k + c);
         for (; c < HS; c++) s += q[c] * k[c];
     } else if (kv->dtype == KVT_FP16) {
         const uint16_t *k = (const uint16_t *)kv->data + ki;
-        for (; c + 16 <= HS; c += 16) acc += f32x16_load(q + c) * f16x16_to_f32(k + c);
+        for (; c + KVT_VEC <= HS; c += KVT_VEC) acc += vec_load(q + c) * vec_load_f16(k + c);
         for (; c < HS; c++) s += q[c] * f16_to_f32(k[c]);
     } else { /* per group, q . k in the integers' units, then one multiply by its scale */
         const int8_t *k = (const int8_t *)kv->data + ki;
         const float *sc = kv->scales + si;
         for (int g = 0; g < HS; g += kv->G, sc++) {
-            kvt_f32x16 part = {0};
+            kvt_vec part = {0};
             float tail = 0.0f;
-            for (c = g; c + 16 <= g + kv->G; c += 16) part += f32x16_load(q + c) * i8x16_to_f32(k + c);
+            for (c = g; c + KVT_VEC <= g + kv->G; c += KVT_VEC) part += vec_load(q + c) * vec_load_i8(k + c);
             for (; c < g + kv->G; c++) tail += q[c] * (float)k[c];
             acc += *sc * part;
             s += *sc * tail;
         }
     }
-    return f32x16_sum(acc) + s;
+    return vec_sum(acc) + s;
 }
-/* 16 stored values at element i of data as floats (int8 without its scale). */
-static inline __attribute__((always_inline)) kvt_f32x16 kv_load16_cpu(const void *data, int dtype, size_t i) {
-    if (dtype == KVT_FP32) return f32x16_load((const float *)data + i);
-    if (dtype == KVT_FP16) return f16x16_to_f32((const uint16_t *)data + i);
-    return i8x16_to_f32((const int8_t *)data + i);
+/* KVT_VEC stored values at element i of data as floats (int8 without its scale). */
+static inline __attribute__((always_inline)) kvt_vec kv_load_vec_cpu(const void *data, int dtype, size_t i) {
+    if (dtype == KVT_FP32) return vec_load((const float *)data + i);
+    if (dtype == KVT_FP16) return vec_load_f16((const uint16_t *)data + i);
+    return vec_load_i8((const int8_t *)data + i);
 }
 /* s[j] = scale * q . (row j) for the nt rows of a tile (nt a multiple of 4),
  * row j at element i + j * KVD; four rows at a time: four independent running
  * sums keep the multiply-add units busy (one row's sum waits on its own
- * previous add for 4 cycles) and q's 16 values, loaded once, serve four rows.
+ * previous add for 4 cycles) and q's values, loaded once, serve four rows.
  * int8: per group, then one multiply by that row's scale. For fp32 and fp16
  * the caller passes G = HS (one group, no scales). */
-static inline __attribute__((always_inline)) void kv_tile_dot16_cpu(const void *data, int dtype, const float *scales,
+static inline __attribute__((always_inline)) void kv_tile_dot4_cpu(const void *data, int dtype, const float *scales,
                                                                    int HS, int G, size_t i, size_t KVD, int nt,
                                                                    const float *q, float scale, float *s) {
     for (int j = 0; j + 4 <= nt; j += 4) {
         size_t r0 = i + j * KVD, r1 = r0 + KVD, r2 = r1 + KVD, r3 = r2 + KVD; /* the four rows */
         const float *s0 = scales ? scales + r0 / G : NULL; /* row r0's scales; the next row's KVD / G further */
         size_t ss = KVD / G;
-        kvt_f32x16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        kvt_vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         for (int g = 0; g < HS; g += G) {
-            kvt_f32x16 p0 = {0}, p1 = {0}, p2 = {0}, p3 = {0};
-            for (int c = g; c < g + G; c += 16) {
-                kvt_f32x16 qv = f32x16_load(q + c);
-                p0 += qv * kv_load16_cpu(data, dtype, r0 + c);
-                p1 += qv * kv_load16_cpu(data, dtype, r1 + c);
-                p2 += qv * kv_load16_cpu(data, dtype, r2 + c);
-                p3 += qv * kv_load16_cpu(data, dtype, r3 + c);
+            kvt_vec p0 = {0}, p1 = {0}, p2 = {0}, p3 = {0};
+            for (int c = g; c < g + G; c += KVT_VEC) {
+                kvt_vec qv = vec_load(q + c);
+                p0 += qv * kv_load_vec_cpu(data, dtype, r0 + c);
+                p1 += qv * kv_load_vec_cpu(data, dtype, r1 + c);
+                p2 += qv * kv_load_vec_cpu(data, dtype, r2 + c);
+                p3 += qv * kv_load_vec_cpu(data, dtype, r3 + c);
             }
             if (dtype != KVT_INT8) { a0 += p0; a1 += p1; a2 += p2; a3 += p3; continue; }
             a0 += s0[g / G] * p0;
@@ -1543,56 +1553,56 @@ static inline __attribute__((always_inline)) void kv_tile_dot16_cpu(const void *
             a2 += s0[2 * ss + g / G] * p2;
             a3 += s0[3 * ss + g / G] * p3;
         }
-        s[j] = scale * f32x16_sum(a0);
-        s[j + 1] = scale * f32x16_sum(a1);
-        s[j + 2] = scale * f32x16_sum(a2);
-        s[j + 3] = scale * f32x16_sum(a3);
+        s[j] = scale * vec_sum(a0);
+        s[j + 1] = scale * vec_sum(a1);
+        s[j + 2] = scale * vec_sum(a2);
+        s[j + 3] = scale * vec_sum(a3);
     }
 }
 /* The scores of a tile: s[j] = scale * q . K row j, row j at element
- * i + j * KVD. Four rows at a time where 16 divides HS (and G, for int8); the
+ * i + j * KVD. Four rows at a time where KVT_VEC divides HS (and G, for int8); the
  * rest (the last nt % 4 rows, other shapes) one row at a time with
  * kv_row_dot_cpu. */
 static void kv_tile_dot_cpu(const kvt_kv *kv, size_t i, int nt, const float *q, float scale, float *s) {
-    int wide = kv->HS % 16 == 0 && (kv->dtype != KVT_INT8 || kv->G % 16 == 0), n4 = nt / 4 * 4;
+    int wide = kv->HS % KVT_VEC == 0 && (kv->dtype != KVT_INT8 || kv->G % KVT_VEC == 0), n4 = nt / 4 * 4;
     size_t KVD = (size_t)kv->NKV * kv->HS, G = (size_t)kv->G;
-    if (wide && kv->dtype == KVT_FP32) kv_tile_dot16_cpu(kv->data, KVT_FP32, NULL, kv->HS, kv->HS, i, KVD, n4, q, scale, s);
-    else if (wide && kv->dtype == KVT_FP16) kv_tile_dot16_cpu(kv->data, KVT_FP16, NULL, kv->HS, kv->HS, i, KVD, n4, q, scale, s);
-    else if (wide && kv->dtype == KVT_INT8) kv_tile_dot16_cpu(kv->data, KVT_INT8, kv->scales, kv->HS, kv->G, i, KVD, n4, q, scale, s);
+    if (wide && kv->dtype == KVT_FP32) kv_tile_dot4_cpu(kv->data, KVT_FP32, NULL, kv->HS, kv->HS, i, KVD, n4, q, scale, s);
+    else if (wide && kv->dtype == KVT_FP16) kv_tile_dot4_cpu(kv->data, KVT_FP16, NULL, kv->HS, kv->HS, i, KVD, n4, q, scale, s);
+    else if (wide && kv->dtype == KVT_INT8) kv_tile_dot4_cpu(kv->data, KVT_INT8, kv->scales, kv->HS, kv->G, i, KVD, n4, q, scale, s);
     else n4 = 0;
     for (int j = n4; j < nt; j++) {
         size_t ij = i + j * KVD;
         s[j] = scale * kv_row_dot_cpu(kv, ij, kv->scales ? ij / G : 0, q);
     }
 }
-/* a + sum_j w[j] * (16 values of row j at channel c), row j at element
+/* a + sum_j w[j] * (KVT_VEC values of row j at channel c), row j at element
  * i + j * KVD. Four running sums, so that an add need not wait for the
  * previous one. dtype is a constant at each call site: the compiler makes one
  * copy of the loop per type. */
-static inline __attribute__((always_inline)) kvt_f32x16 kv_axpy16_cpu(kvt_f32x16 a0, const void *data, int dtype,
+static inline __attribute__((always_inline)) kvt_vec kv_axpy_vec_cpu(kvt_vec a0, const void *data, int dtype,
                                                                       const float *w, size_t i, size_t KVD, int n) {
-    kvt_f32x16 a1 = {0}, a2 = {0}, a3 = {0};
+    kvt_vec a1 = {0}, a2 = {0}, a3 = {0};
     int j = 0;
     for (; j + 4 <= n; j += 4, i += 4 * KVD) {
-        a0 += w[j] * kv_load16_cpu(data, dtype, i);
-        a1 += w[j + 1] * kv_load16_cpu(data, dtype, i + KVD);
-        a2 += w[j + 2] * kv_load16_cpu(data, dtype, i + 2 * KVD);
-        a3 += w[j + 3] * kv_load16_cpu(data, dtype, i + 3 * KVD);
+        a0 += w[j] * kv_load_vec_cpu(data, dtype, i);
+        a1 += w[j + 1] * kv_load_vec_cpu(data, dtype, i + KVD);
+        a2 += w[j + 2] * kv_load_vec_cpu(data, dtype, i + 2 * KVD);
+        a3 += w[j + 3] * kv_load_vec_cpu(data, dtype, i + 3 * KVD);
     }
-    for (; j < n; j++, i += KVD) a0 += w[j] * kv_load16_cpu(data, dtype, i);
+    for (; j < n; j++, i += KVD) a0 += w[j] * kv_load_vec_cpu(data, dtype, i);
     return a0 + ((a1 + a2) + a3);
 }
 /* acc (HS) += sum_j wgt[j] * V row j, for the n rows of a tile (row j at
- * element i + j * KVD). The loop over rows is inside: for each 16 channels the
+ * element i + j * KVD). The loop over rows is inside: for each KVT_VEC channels the
  * running sums stay in registers across all n rows, and acc is read and
- * written once. int8: the weight times the row's scale for these 16 channels
- * (one group, when 16 divides G; otherwise row by row, a group at a time). */
+ * written once. int8: the weight times the row's scale for these KVT_VEC channels
+ * (one group, when KVT_VEC divides G; otherwise row by row, a group at a time). */
 static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, size_t i, int n) {
     int HS = kv->HS, c = 0;
     size_t KVD = (size_t)kv->NKV * HS, G = (size_t)kv->G;
     const float *sc = kv->scales ? kv->scales + i / G : NULL; /* row j's scales: j * KVD / G further */
     float w[KVT_ATTN_TILE];
-    if (kv->dtype == KVT_INT8 && G % 16) { /* 16 channels would span two groups: row by row, group by group */
+    if (kv->dtype == KVT_INT8 && G % KVT_VEC) { /* a vector would span two groups: row by row, group by group */
         for (int j = 0; j < n; j++) {
             const int8_t *v = (const int8_t *)kv->data + i + j * KVD;
             for (int g = 0; g < HS; g += (int)G) {
@@ -1602,14 +1612,14 @@ static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *w
         }
         return;
     }
-    for (; c + 16 <= HS; c += 16) {
-        kvt_f32x16 a = f32x16_load(acc + c);
-        if (kv->dtype == KVT_FP32) a = kv_axpy16_cpu(a, kv->data, KVT_FP32, wgt, i + c, KVD, n);
-        else if (kv->dtype == KVT_FP16) a = kv_axpy16_cpu(a, kv->data, KVT_FP16, wgt, i + c, KVD, n);
+    for (; c + KVT_VEC <= HS; c += KVT_VEC) {
+        kvt_vec a = vec_load(acc + c);
+        if (kv->dtype == KVT_FP32) a = kv_axpy_vec_cpu(a, kv->data, KVT_FP32, wgt, i + c, KVD, n);
+        else if (kv->dtype == KVT_FP16) a = kv_axpy_vec_cpu(a, kv->data, KVT_FP16, wgt, i + c, KVD, n);
         else {
             if (c % G == 0) /* a new group: the weights times its scales */
                 for (int j = 0; j < n; j++) w[j] = wgt[j] * sc[j * (KVD / G) + c / G];
-            a = kv_axpy16_cpu(a, kv->data, KVT_INT8, w, i + c, KVD, n);
+            a = kv_axpy_vec_cpu(a, kv->data, KVT_INT8, w, i + c, KVD, n);
         }
         memcpy(acc + c, &a, sizeof(a));
     }
@@ -1785,15 +1795,15 @@ static void attention_naive_gpu(float *out, const float *q, kvt_kv kv, int l, in
 #define KVT_ATTN_QROWS 16 /* rows of one sequence that share each tile */
 
 /* s[0] + ... + s[n-1] for a tile (s has room for KVT_ATTN_TILE values): zero
- * the rest, add 16 at a time, then one horizontal sum. (An `omp simd
+ * the rest, add KVT_VEC at a time, then one horizontal sum. (An `omp simd
  * reduction(+)` ends in 16 dependent scalar adds with GCC 12.) */
 static inline float tile_sum_cpu(float *s, int n) {
     for (int j = n; j < KVT_ATTN_TILE; j++) s[j] = 0.0f;
-    kvt_f32x16 v = f32x16_load(s);
-    for (int j = 16; j < KVT_ATTN_TILE; j += 16) v += f32x16_load(s + j);
-    return f32x16_sum(v);
+    kvt_vec v = vec_load(s);
+    for (int j = KVT_VEC; j < KVT_ATTN_TILE; j += KVT_VEC) v += vec_load(s + j);
+    return vec_sum(v);
 }
-KVT_STATIC_ASSERT(KVT_ATTN_TILE % 16 == 0, "the CPU attention tile is whole 16-float vectors");
+KVT_STATIC_ASSERT(KVT_ATTN_TILE % KVT_VEC == 0, "the CPU attention tile is whole vectors");
 
 /* One work item: the queries of rows [r0, r1) (one sequence), all heads, over
  * the positions of piece sp. For each tile of positions and each kv head, the
@@ -2129,7 +2139,7 @@ struct kvt_engine {
  *    each weight enough (measured: 960 tokens prefill 1.3x faster than with 64);
  *  - prefix reuse on: free when nothing matches, a big saving when it does. */
 /* The int8 group size for head size HS when the caller chose none (0): 32,
- * else 16 when it divides HS (the CPU's loops take 16 channels of one scale
+ * else 16 when it divides HS (the CPU's loops take 8 or 16 channels of one scale
  * at a time, §10), else HS's largest divisor below 32 (HS 40 -> 20, HS 8 -> 8). */
 int kvt_kv_group_auto(int HS) {
     if (HS % 32 == 0) return 32;

@@ -279,8 +279,8 @@ static void test_fast_formats(void) {
     uint16_t *h = (uint16_t *)kvt_malloc(65536 * sizeof(uint16_t));
     float *f = (float *)kvt_malloc(65536 * sizeof(float));
     for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
-    for (uint32_t i = 0; i < 65536; i += 16) {
-        kvt_f32x16 v = f16x16_to_f32(h + i);
+    for (uint32_t i = 0; i < 65536; i += KVT_VEC) {
+        kvt_vec v = vec_load_f16(h + i);
         memcpy(f + i, &v, sizeof(v));
     }
     int bad = 0;
@@ -297,15 +297,15 @@ static void test_fast_formats(void) {
            "software",
 #endif
            bad);
-    /* int8: the 16-wide conversion against a plain cast, all 256 values in every lane */
+    /* int8: the vector conversion against a plain cast, all 256 values in every lane */
     int8_t q8[256 + 16];
     for (int i = 0; i < 256 + 16; i++) q8[i] = (int8_t)(i - 128);
     bad = 0;
     for (int i = 0; i < 256; i++) {
-        kvt_f32x16 v = i8x16_to_f32(q8 + i);
-        for (int j = 0; j < 16; j++) bad += v[j] != (float)q8[i + j];
+        kvt_vec v = vec_load_i8(q8 + i);
+        for (int j = 0; j < KVT_VEC; j++) bad += v[j] != (float)q8[i + j];
     }
-    expect(bad == 0, "int8 16-wide conversion == plain cast for all 256 values in all 16 lanes (%d differ)", bad);
+    expect(bad == 0, "int8 %d-wide conversion == plain cast for all 256 values in every lane (%d differ)", KVT_VEC, bad);
     free(h);
     free(f);
     /* e^x for softmax weights: x in [-90, 0] against float64, relative error in
