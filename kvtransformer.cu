@@ -1553,13 +1553,13 @@ static inline __attribute__((always_inline)) void kv_dot4_cpu(const void *data, 
 /* out[u * os] = scale * q[u] . (K row at element ki) for the n queries q[0..n-1]:
  * four at a time where KVT_VEC divides HS (and G), the rest with kv_row_dot_cpu. */
 static void kv_dots_cpu(const kvt_kv *kv, size_t ki, const float *const *q, int n, float scale, float *out, int os) {
-    int u = 0, HS = kv->HS, G = kv->G;
+    int u = 0, HS = kv->HS, G = kv->G, dt = kv->dtype;
     size_t si = kv->scales ? ki / (size_t)G : 0;
-    if (HS % KVT_VEC == 0 && (kv->dtype != KVT_INT8 || G % KVT_VEC == 0))
+    if (HS % KVT_VEC == 0 && (dt == KVT_FP32 || dt == KVT_FP16 || (dt == KVT_INT8 && G % KVT_VEC == 0)))
         for (; u + 4 <= n; u += 4) {
             float *o = out + (size_t)u * os;
-            if (kv->dtype == KVT_FP32) kv_dot4_cpu(kv->data, KVT_FP32, NULL, HS, HS, ki, q + u, scale, o, os);
-            else if (kv->dtype == KVT_FP16) kv_dot4_cpu(kv->data, KVT_FP16, NULL, HS, HS, ki, q + u, scale, o, os);
+            if (dt == KVT_FP32) kv_dot4_cpu(kv->data, KVT_FP32, NULL, HS, HS, ki, q + u, scale, o, os);
+            else if (dt == KVT_FP16) kv_dot4_cpu(kv->data, KVT_FP16, NULL, HS, HS, ki, q + u, scale, o, os);
             else kv_dot4_cpu(kv->data, KVT_INT8, kv->scales + si, HS, G, ki, q + u, scale, o, os);
         }
     for (; u < n; u++) out[(size_t)u * os] = scale * kv_row_dot_cpu(kv, ki, si, q[u]);
