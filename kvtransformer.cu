@@ -1524,45 +1524,62 @@ static inline __attribute__((always_inline)) kvt_vec kv_load_vec_cpu(const void 
     if (dtype == KVT_FP16) return vec_load_f16((const uint16_t *)data + i);
     return vec_load_i8((const int8_t *)data + i);
 }
-/* Four dot products with one K row: out[u * os] = scale * q[u] . (HS values at
- * element ki; int8: in G-value groups, each times its scale sc[g / G]). The row is loaded
- * and converted once for four queries (the rows of a prefill block, the query
- * heads that share a kv head), four independent sums. For fp32 and fp16 the
- * caller passes G = HS and sc = NULL. */
+/* Four dot products: out[u * os] = scale * q[u] . (K row u), row u the HS
+ * values at element ki + u * ks; int8: in G-value groups, each times its
+ * scale, row u's from sc + u * ks / G. Four independent sums (one sum would
+ * wait on its own previous add at every step). ks = 0: one row for four
+ * queries (the rows of a prefill block, the query heads that share a kv
+ * head), loaded and converted once; ks = HS: four kv heads side by side (a
+ * decode row, one query per kv head). For fp32 and fp16 the caller passes
+ * G = HS and sc = NULL. */
 static inline __attribute__((always_inline)) void kv_dot4_cpu(const void *data, int dtype, const float *sc, int HS,
-                                                             int G, size_t ki, const float *const *q, float scale,
-                                                             float *out, int os) {
+                                                             int G, size_t ki, size_t ks, const float *const *q,
+                                                             float scale, float *out, int os) {
     kvt_vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
     for (int g = 0; g < HS; g += G) {
         kvt_vec p0 = {0}, p1 = {0}, p2 = {0}, p3 = {0};
         for (int c = g; c < g + G; c += KVT_VEC) {
-            kvt_vec k = kv_load_vec_cpu(data, dtype, ki + c);
-            p0 += vec_load(q[0] + c) * k;
-            p1 += vec_load(q[1] + c) * k;
-            p2 += vec_load(q[2] + c) * k;
-            p3 += vec_load(q[3] + c) * k;
+            kvt_vec k0 = kv_load_vec_cpu(data, dtype, ki + c), k1 = k0, k2 = k0, k3 = k0;
+            if (ks) {
+                k1 = kv_load_vec_cpu(data, dtype, ki + ks + c);
+                k2 = kv_load_vec_cpu(data, dtype, ki + 2 * ks + c);
+                k3 = kv_load_vec_cpu(data, dtype, ki + 3 * ks + c);
+            }
+            p0 += vec_load(q[0] + c) * k0;
+            p1 += vec_load(q[1] + c) * k1;
+            p2 += vec_load(q[2] + c) * k2;
+            p3 += vec_load(q[3] + c) * k3;
         }
-        float s = sc ? sc[g / G] : 1.0f;
-        a0 += s * p0; a1 += s * p1; a2 += s * p2; a3 += s * p3;
+        if (!sc) { a0 += p0; a1 += p1; a2 += p2; a3 += p3; continue; }
+        size_t ss = ks / G; /* row u's scales: u * ss further */
+        a0 += sc[g / G] * p0;
+        a1 += sc[ss + g / G] * p1;
+        a2 += sc[2 * ss + g / G] * p2;
+        a3 += sc[3 * ss + g / G] * p3;
     }
     out[0] = scale * vec_sum(a0);
     out[os] = scale * vec_sum(a1);
     out[2 * os] = scale * vec_sum(a2);
     out[3 * os] = scale * vec_sum(a3);
 }
-/* out[u * os] = scale * q[u] . (K row at element ki) for the n queries q[0..n-1]:
- * four at a time where KVT_VEC divides HS (and G), the rest with kv_row_dot_cpu. */
-static void kv_dots_cpu(const kvt_kv *kv, size_t ki, const float *const *q, int n, float scale, float *out, int os) {
+/* out[u * os] = scale * q[u] . (K row at element ki + u * ks) for the n
+ * queries q[0..n-1]: four at a time where KVT_VEC divides HS (and G), the
+ * rest with kv_row_dot_cpu. */
+static void kv_dots_cpu(const kvt_kv *kv, size_t ki, size_t ks, const float *const *q, int n, float scale,
+                        float *out, int os) {
     int u = 0, HS = kv->HS, G = kv->G, dt = kv->dtype;
-    size_t si = kv->scales ? ki / (size_t)G : 0;
     if (HS % KVT_VEC == 0 && (dt == KVT_FP32 || dt == KVT_FP16 || (dt == KVT_INT8 && G % KVT_VEC == 0)))
         for (; u + 4 <= n; u += 4) {
+            size_t k = ki + u * ks;
             float *o = out + (size_t)u * os;
-            if (dt == KVT_FP32) kv_dot4_cpu(kv->data, KVT_FP32, NULL, HS, HS, ki, q + u, scale, o, os);
-            else if (dt == KVT_FP16) kv_dot4_cpu(kv->data, KVT_FP16, NULL, HS, HS, ki, q + u, scale, o, os);
-            else kv_dot4_cpu(kv->data, KVT_INT8, kv->scales + si, HS, G, ki, q + u, scale, o, os);
+            if (dt == KVT_FP32) kv_dot4_cpu(kv->data, KVT_FP32, NULL, HS, HS, k, ks, q + u, scale, o, os);
+            else if (dt == KVT_FP16) kv_dot4_cpu(kv->data, KVT_FP16, NULL, HS, HS, k, ks, q + u, scale, o, os);
+            else kv_dot4_cpu(kv->data, KVT_INT8, kv->scales + k / G, HS, G, k, ks, q + u, scale, o, os);
         }
-    for (; u < n; u++) out[(size_t)u * os] = scale * kv_row_dot_cpu(kv, ki, si, q[u]);
+    for (; u < n; u++) {
+        size_t k = ki + u * ks;
+        out[(size_t)u * os] = scale * kv_row_dot_cpu(kv, k, kv->scales ? k / G : 0, q[u]);
+    }
 }
 /* Ask the memory for one position's row of every kv head (K or V), starting
  * at element i, before it is needed: the row's cache lines and its int8
@@ -1809,7 +1826,9 @@ KVT_STATIC_ASSERT(KVT_ATTN_TILE % KVT_VEC == 0, "the CPU attention tile is whole
  *  1. the scores of every query (row, head), position by position: a
  *     position's K rows for all kv heads lie side by side in its chunk, so
  *     this pass reads K in the order it lies in memory, which the hardware
- *     prefetcher follows; meanwhile it asks for the position's V rows;
+ *     prefetcher follows; meanwhile it asks for the position's V rows. Four
+ *     dot products at a time (kv_dots_cpu): four queries of one K row, or
+ *     in decode (one query per kv head) four kv heads side by side;
  *  2. per kv head, each of its queries' softmax update and weighted sum of V,
  *     the V rows read from cache by now, once for all the block's queries.
  * Reading K one kv head at a time instead (32 rows of HS values, KVD apart)
@@ -1859,8 +1878,11 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
             for (int j = at[i]; j < at[i + 1]; j++) {
                 size_t ki = kr[i] + (size_t)(j - at[i]) * KVD; /* key j's K row of kv head 0 */
                 kv_prefetch_row(kv, ki + voff);
-                for (int kh = 0; kh < kv->NKV; kh++)
-                    kv_dots_cpu(kv, ki + (size_t)kh * HS, qs + kh * n, n, scale, &scores[kh * n][j], KVT_ATTN_TILE);
+                if (n == 1) /* one query per kv head: the kv heads' rows side by side, four at a time */
+                    kv_dots_cpu(kv, ki, HS, qs, kv->NKV, scale, &scores[0][j], KVT_ATTN_TILE);
+                else /* each kv head's row for its n queries */
+                    for (int kh = 0; kh < kv->NKV; kh++)
+                        kv_dots_cpu(kv, ki + (size_t)kh * HS, 0, qs + kh * n, n, scale, &scores[kh * n][j], KVT_ATTN_TILE);
             }
         /* pass 2: per kv head, its queries' softmax updates and sums of V */
         for (int kh = 0, u = 0; kh < kv->NKV; kh++) {

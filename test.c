@@ -487,6 +487,10 @@ static void test_attention(int gpu) {
         {4, 2, 16, 5, 128, 100, 40, KVT_FP16, 16},
         {4, 2, 48, 7, 128, 77, 21, KVT_INT8, 16},  /* HS 48: 16-lane loops with no leftover, G 16 */
         {2, 1, 40, 4, 128, 70, 3, KVT_INT8, 8},    /* HS 40, G 8: leftovers in every loop */
+        /* decode rows, one query per kv head: the CPU scores 4 kv heads side by side, then the rest one by one */
+        {6, 6, 16, 5, 64, 40, 1, KVT_FP32, 16},
+        {5, 5, 32, 7, 64, 30, 1, KVT_FP16, 32},
+        {8, 8, 32, 16, 64, 45, 1, KVT_INT8, 16},   /* two groups per head: each head's own scales */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         acase *c = &cases[i];
