@@ -6,7 +6,7 @@
 #   make test-valgrind   memcheck on a short generation
 #   make bench      speed figures of this machine (tables; CSV and plots in bench/out/)
 #   make bench-save copy them over the reference figures in bench/ (tracked, used by README.md)
-#   make bench-targets  the CPU speed table of README.md (medians of 3 runs, ~20 min)
+#   make bench-targets  the CPU speed table of README.md (medians of 3 runs, 20-30 min)
 #   make ppl CORPUS=file   perplexity of the default model per cache type
 #   make debug      -O0 -g build (-G for device code) for gdb / cuda-gdb
 #   make walkthrough  run the README's gdb sessions in batch mode and its --trace captures (checks them)
