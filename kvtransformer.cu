@@ -1585,8 +1585,9 @@ static void kv_dots_cpu(const kvt_kv *kv, size_t ki, size_t ks, const float *con
  * at element i, before it is needed: the row's cache lines and its int8
  * scales. A hint: the core does not wait for it, and it never faults. */
 static inline void kv_prefetch_row(const kvt_kv *kv, size_t i) {
-    size_t KVD = (size_t)kv->NKV * kv->HS, bytes = kvt_dtype_size(kv->dtype, KVD);
-    const char *p = (const char *)kv->data + kvt_dtype_size(kv->dtype, i);
+    kvt_dtype dt = (kvt_dtype)kv->dtype;
+    size_t KVD = (size_t)kv->NKV * kv->HS, bytes = kvt_dtype_size(dt, KVD);
+    const char *p = (const char *)kv->data + kvt_dtype_size(dt, i);
     for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
     if (kv->scales)
         for (size_t b = 0; b < KVD / kv->G * sizeof(float); b += 64) __builtin_prefetch((const char *)(kv->scales + i / kv->G) + b);
