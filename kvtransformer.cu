@@ -1452,7 +1452,7 @@ KVT_HD void kv_axpy(const kvt_kv *kv, size_t i, float w, float *acc, int HS) {
  * stride: no table look-up or division per key. (int8: row j's first scale is
  * (i + j * KVD) / G, since G divides HS and so KVD.) Tiles of one chunk (16
  * positions by default) made the fp16 cache 20% slower from memory than
- * tiles of 32 (a tile's fixed costs, its max, exponentials and sums, are paid
+ * tiles of 32 on the Xeon (a tile's fixed costs, its max, exponentials and sums, are paid
  * once per query and tile). */
 /* KVT_VEC stored values -> KVT_VEC floats, in registers. fp16: the values of
  * f16_to_f32 (the spec), by the hardware where the compiler offers it: one
@@ -1587,10 +1587,11 @@ static void kv_dots_cpu(const kvt_kv *kv, size_t ki, size_t ks, const float *con
 static inline void kv_prefetch_row(const kvt_kv *kv, size_t i) {
     kvt_dtype dt = (kvt_dtype)kv->dtype;
     size_t KVD = (size_t)kv->NKV * kv->HS, bytes = kvt_dtype_size(dt, KVD);
+    size_t scale_bytes = kv->scales ? KVD / kv->G * sizeof(float) : 0;
     const char *p = (const char *)kv->data + kvt_dtype_size(dt, i);
+    const char *sp = kv->scales ? (const char *)(kv->scales + i / kv->G) : NULL;
     for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
-    if (kv->scales)
-        for (size_t b = 0; b < KVD / kv->G * sizeof(float); b += 64) __builtin_prefetch((const char *)(kv->scales + i / kv->G) + b);
+    for (size_t b = 0; b < scale_bytes; b += 64) __builtin_prefetch(sp + b);
 }
 /* a + sum_j w[j] * (KVT_VEC values of row j at channel c), row j at element
  * i + j * KVD. Four running sums, so that an add need not wait for the
