@@ -1536,7 +1536,8 @@ static inline __attribute__((always_inline)) void kv_dot4_cpu(const void *data, 
                                                              int G, size_t ki, size_t ks, const float *const *q,
                                                              float scale, float *out, int os) {
     kvt_vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    for (int g = 0; g < HS; g += G) {
+    size_t ss = sc ? ks / G : 0; /* row u's scales: u * ss further */
+    for (int g = 0, gi = 0; g < HS; g += G, gi++) { /* gi: the group's index in the row */
         kvt_vec p0 = {0}, p1 = {0}, p2 = {0}, p3 = {0};
         for (int c = g; c < g + G; c += KVT_VEC) {
             kvt_vec k0 = kv_load_vec_cpu(data, dtype, ki + c), k1 = k0, k2 = k0, k3 = k0;
@@ -1551,11 +1552,10 @@ static inline __attribute__((always_inline)) void kv_dot4_cpu(const void *data, 
             p3 += vec_load(q[3] + c) * k3;
         }
         if (!sc) { a0 += p0; a1 += p1; a2 += p2; a3 += p3; continue; }
-        size_t ss = ks / G; /* row u's scales: u * ss further */
-        a0 += sc[g / G] * p0;
-        a1 += sc[ss + g / G] * p1;
-        a2 += sc[2 * ss + g / G] * p2;
-        a3 += sc[3 * ss + g / G] * p3;
+        a0 += sc[gi] * p0;
+        a1 += sc[ss + gi] * p1;
+        a2 += sc[2 * ss + gi] * p2;
+        a3 += sc[3 * ss + gi] * p3;
     }
     out[0] = scale * vec_sum(a0);
     out[os] = scale * vec_sum(a1);
@@ -1593,60 +1593,57 @@ static inline void kv_prefetch_row(const kvt_kv *kv, size_t i) {
     for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
     for (size_t b = 0; b < scale_bytes; b += 64) __builtin_prefetch(sp + b);
 }
-/* a + sum_j w[j] * (KVT_VEC values of row j at channel c), row j at element
- * i + j * KVD. Four running sums, so that an add need not wait for the
- * previous one. dtype is a constant at each call site: the compiler makes one
- * copy of the loop per type. */
-static inline __attribute__((always_inline)) kvt_vec kv_axpy_vec_cpu(kvt_vec a0, const void *data, int dtype,
-                                                                      const float *w, size_t i, size_t KVD, int n) {
-    kvt_vec a1 = {0}, a2 = {0}, a3 = {0};
-    int j = 0;
-    for (; j + 4 <= n; j += 4, i += 4 * KVD) {
-        a0 += w[j] * kv_load_vec_cpu(data, dtype, i);
-        a1 += w[j + 1] * kv_load_vec_cpu(data, dtype, i + KVD);
-        a2 += w[j + 2] * kv_load_vec_cpu(data, dtype, i + 2 * KVD);
-        a3 += w[j + 3] * kv_load_vec_cpu(data, dtype, i + 3 * KVD);
-    }
-    for (; j < n; j++, i += KVD) a0 += w[j] * kv_load_vec_cpu(data, dtype, i);
-    return a0 + ((a1 + a2) + a3);
+/* acc[0 .. NB * KVT_VEC) += sum_j w[j] * (the same channels of row j), row j
+ * at element i + j * KVD. The NB running sums stay in registers across all n
+ * rows, and each row's NB vectors are read together: whole cache lines, in
+ * the order they lie. NB and dtype are constants at each call site: the
+ * compiler makes one copy of the loop per pair. */
+static inline __attribute__((always_inline)) void kv_axpy_cols_cpu(float *acc, const void *data, int dtype,
+                                                                  const float *w, size_t i, size_t KVD, int n, int NB) {
+    kvt_vec a[4];
+    for (int b = 0; b < NB; b++) a[b] = vec_load(acc + b * KVT_VEC);
+    for (int j = 0; j < n; j++, i += KVD)
+        for (int b = 0; b < NB; b++) a[b] += w[j] * kv_load_vec_cpu(data, dtype, i + b * KVT_VEC);
+    for (int b = 0; b < NB; b++) memcpy(acc + b * KVT_VEC, &a[b], sizeof(a[b]));
 }
 /* acc (HS) += sum_j wgt[j] * V row j, for the n rows of a tile (row j at
- * element i + j * KVD). The loop over rows is inside: for each KVT_VEC channels the
- * running sums stay in registers across all n rows, and acc is read and
- * written once. int8: the weight times the row's scale for these KVT_VEC channels
- * (one group, when KVT_VEC divides G; otherwise row by row, a group at a time). */
+ * element i + j * KVD), KVT_AXPY channels at a time where HS allows (else
+ * KVT_VEC): acc is read and written once per tile. One vector at a time
+ * instead, walking the 32 rows (3 KiB apart in the 110M shape) for every 8
+ * floats of each, was 25% slower for fp32 in cache on the AMD machine
+ * (README). int8: the weight times the row's scale of these channels, so a
+ * block must lie in one group (KVT_AXPY divides G); otherwise row by row. */
+#define KVT_AXPY 32 /* channels per block: 4 vectors with AVX2, 2 with AVX-512 */
 static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, size_t i, int n) {
-    int HS = kv->HS, c = 0;
-    size_t KVD = (size_t)kv->NKV * HS, G = (size_t)kv->G;
-    const float *sc = kv->scales ? kv->scales + i / G : NULL; /* row j's scales: j * KVD / G further */
+    int HS = kv->HS, G = kv->G, int8 = kv->dtype == KVT_INT8;
+    size_t KVD = (size_t)kv->NKV * HS, row_scales = KVD / (size_t)G;
+    const float *sc = int8 ? kv->scales + i / (size_t)G : NULL; /* row j's scales: j * row_scales further */
     float w[KVT_ATTN_TILE];
-    if (kv->dtype == KVT_INT8 && G % KVT_VEC) { /* a vector would span two groups: row by row, group by group */
-        for (int j = 0; j < n; j++) {
-            const int8_t *v = (const int8_t *)kv->data + i + j * KVD;
-            for (int g = 0; g < HS; g += (int)G) {
-                float wg = wgt[j] * sc[j * KVD / G + g / G];
-                for (int cc = g; cc < g + (int)G; cc++) acc[cc] += wg * (float)v[cc];
-            }
-        }
+    if (HS % KVT_VEC || (int8 && G % KVT_VEC)) { /* leftovers, or a vector spanning two groups: the spec */
+        for (int j = 0; j < n; j++) kv_axpy(kv, i + j * KVD, wgt[j], acc, HS);
         return;
     }
-    for (; c + KVT_VEC <= HS; c += KVT_VEC) {
-        kvt_vec a = vec_load(acc + c);
-        if (kv->dtype == KVT_FP32) a = kv_axpy_vec_cpu(a, kv->data, KVT_FP32, wgt, i + c, KVD, n);
-        else if (kv->dtype == KVT_FP16) a = kv_axpy_vec_cpu(a, kv->data, KVT_FP16, wgt, i + c, KVD, n);
-        else {
-            if (c % G == 0) /* a new group: the weights times its scales */
-                for (int j = 0; j < n; j++) w[j] = wgt[j] * sc[j * (KVD / G) + c / G];
-            a = kv_axpy_vec_cpu(a, kv->data, KVT_INT8, w, i + c, KVD, n);
+    int step = HS % KVT_AXPY == 0 && (!int8 || G % KVT_AXPY == 0) ? KVT_AXPY : KVT_VEC;
+    for (int c = 0; c < HS; c += step) {
+        const float *wc = wgt;
+        if (int8) { /* the weights times this group's scales (computed again only when a new group starts) */
+            if (c % G == 0)
+                for (int j = 0; j < n; j++) w[j] = wgt[j] * sc[j * row_scales + c / G];
+            wc = w;
         }
-        memcpy(acc + c, &a, sizeof(a));
-    }
-    for (; c < HS; c++) { /* leftovers: kv_load, one value at a time */
-        float a = acc[c];
-        for (int j = 0; j < n; j++) a += wgt[j] * kv_load(kv, i + j * KVD + c);
-        acc[c] = a;
+        size_t e = i + c;
+        if (step == KVT_AXPY) {
+            if (kv->dtype == KVT_FP32) kv_axpy_cols_cpu(acc + c, kv->data, KVT_FP32, wc, e, KVD, n, KVT_AXPY / KVT_VEC);
+            else if (kv->dtype == KVT_FP16) kv_axpy_cols_cpu(acc + c, kv->data, KVT_FP16, wc, e, KVD, n, KVT_AXPY / KVT_VEC);
+            else kv_axpy_cols_cpu(acc + c, kv->data, KVT_INT8, wc, e, KVD, n, KVT_AXPY / KVT_VEC);
+        } else {
+            if (kv->dtype == KVT_FP32) kv_axpy_cols_cpu(acc + c, kv->data, KVT_FP32, wc, e, KVD, n, 1);
+            else if (kv->dtype == KVT_FP16) kv_axpy_cols_cpu(acc + c, kv->data, KVT_FP16, wc, e, KVD, n, 1);
+            else kv_axpy_cols_cpu(acc + c, kv->data, KVT_INT8, wc, e, KVD, n, 1);
+        }
     }
 }
+KVT_STATIC_ASSERT(KVT_AXPY % KVT_VEC == 0 && KVT_AXPY / KVT_VEC <= 4, "an axpy block is 1 to 4 whole vectors");
 
 /* Store `count` values at element i: copy, round to half, or quantize as one
  * group (int8 callers pass count = G, so i is a multiple of G). */
