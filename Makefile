@@ -73,7 +73,7 @@ endif
 # mode, off under -std=c11); the matmul tile (§9) needs it for full speed.
 # -fno-trapping-math: no floating-point operation traps (nothing here turns
 # traps on; clang's default): GCC may then compute both sides of a `? :` on
-# floats, which the vectorizer needs for exp_neg_cpu's loop (§12). It changes
+# floats, which the vectorizer needs for exp_neg_cpu's loop (§9). It changes
 # no result: no reordering, no other rounding.
 CFLAGS  ?= -O3 -march=native
 C_ALL    = -x c -std=c11 -Wall -Wextra -fopenmp -ffp-contract=fast -fno-trapping-math $(CFLAGS) $(BLAS_CFLAGS)

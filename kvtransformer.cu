@@ -1068,7 +1068,9 @@ static inline float vec_sum(kvt_vec v) {
  * series of e^r to r^7 is exact to 6e-9 (below float rounding). ln 2 is split
  * into a part with few bits (k * LN2_HI is exact) and the rest (Cody & Waite
  * 1980). 2^k is built from its exponent bits. Below -87, e^x would be a
- * subnormal float: 0 there. make test compares it with exp() in float64. */
+ * subnormal float: 0 there. make test compares it with exp() in float64.
+ * GCC vectorizes the loop only when it may evaluate both sides of the `? :`
+ * (-fno-trapping-math, in the Makefile); without it, one value at a time. */
 static inline float exp_neg_cpu(float x) {
     const float LOG2E = 1.44269504f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f, ROUND = 12582912.0f;
     float xc = x < -87.0f ? -87.0f : x;
