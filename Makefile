@@ -97,7 +97,7 @@ endif
 # sleep (measured on 2 cores: make test 1m54 passive, 2m56 default). The CPU
 # path runs one thread per core, where waking a sleeping thread costs more
 # than a short spin: the timed targets keep OpenMP's default (decode of the
-# 110M shape ~5% faster, the 15M shape's batch bench ~10%; README). A policy
+# 110M shape ~5% faster, the 15M shape's batch bench ~15%; README). A policy
 # set in the environment wins over both.
 EMULATING = test test-gpu-sizes test-asan test-valgrind nvcc-test gpu-check-dry walkthrough exercise \
   exercises-selftest fuzz
