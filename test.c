@@ -2314,7 +2314,18 @@ static void test_bench_shapes(void) {
         int rc = cli_run(runs[i][0], out, sizeof(out));
         expect(rc == 0 && contains(out, runs[i][1]) && !bench_bad_number(out),
                "cli '%s': exit %d, %s, no inf, nan or negative number", runs[i][0], rc, runs[i][2]);
+        if (i == 0) expect(!contains(out, "paired"), "cli '%s': no paired read pass for weights in cache", runs[i][0]);
     }
+    /* weights past KVT_PAIRED_MIN_BYTES (37 MB): each timed step paired with a read pass */
+    const char *big = "--random 512,2,8,8,1024,8000,64 --bench decode";
+    char out[4096];
+    int rc = cli_run(big, out, sizeof(out));
+    const char *at = strstr(out, "median of 31 pairs): the pass ");
+    double gbs = 0, pct = 0;
+    int got = at ? sscanf(at, "median of 31 pairs): the pass %lf GB/s, decode at %lf%% of it", &gbs, &pct) : 0;
+    expect(rc == 0 && got == 2 && gbs > 0.1 && pct > 10 && pct < 1000 && !bench_bad_number(out),
+           "cli '%s': exit %d, each of the 31 steps paired with a read pass (%.1f GB/s, decode at %.0f%% of it)", big, rc,
+           gbs, pct);
 }
 
 // ---- the default model (weights/) -----------------------------------------------------------
