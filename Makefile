@@ -99,9 +99,9 @@ endif
 # than a short spin: the timed targets keep OpenMP's default (decode of the
 # 110M shape ~5% faster, the 15M shape's batch bench ~15%; README). A policy
 # set in the environment wins over both.
-EMULATING = test test-gpu-sizes test-asan test-valgrind nvcc-test gpu-check-dry walkthrough exercise \
+SUITES = test test-gpu-sizes test-asan test-valgrind nvcc-test gpu-check-dry walkthrough exercise \
   exercises-selftest fuzz
-$(EMULATING): export OMP_WAIT_POLICY ?= passive
+$(SUITES): export OMP_WAIT_POLICY ?= passive
 
 .PHONY: ppl all run test test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-save bench-targets plots gnuplot debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
 

@@ -9,11 +9,6 @@
  * produced each figure. */
 
 #if !defined(KVT_NO_MAIN) || defined(KVT_CLI) /* the benchmarks: for the command line only */
-/* Memory bandwidth of this machine, two ways, over 256 MiB arrays, best of 5:
- * a parallel copy loop (bytes read + bytes written, as STREAM counts it) and
- * a parallel read-only loop (16 independent sums, so it vectorizes). Decode
- * only reads weights, so weight_bytes / read bandwidth is the tighter bound;
- * both are printed. */
 /* Seconds for one read-only pass over a[0 .. n), n a multiple of 4096, on all
  * cores; the sum goes to *sink, so the loop is not optimized away. */
 static double kvt_read_pass(const float *a, long n, float *sink) {
@@ -30,6 +25,11 @@ static double kvt_read_pass(const float *a, long n, float *sink) {
     *sink += total;
     return dt;
 }
+/* Memory bandwidth of this machine, two ways, over 256 MiB arrays, best of 5:
+ * a parallel copy loop (bytes read + bytes written, as STREAM counts it) and
+ * kvt_read_pass's read-only loop (16 independent sums, so it vectorizes). Decode
+ * only reads weights, so weight_bytes / read bandwidth is the tighter bound;
+ * both are printed. */
 static void kvt_bandwidth_gbs(double *copy_gbs, double *read_gbs) {
     size_t n = (size_t)64 << 20;
     float *a = (float *)kvt_malloc(n * sizeof(float)), *b = (float *)kvt_malloc(n * sizeof(float));
