@@ -1608,6 +1608,15 @@ static inline __attribute__((always_inline)) void kv_axpy_cols_cpu(float *acc, c
         for (int b = 0; b < NB; b++) a[b] += w[j] * kv_load_vec_cpu(data, dtype, i + b * KVT_VEC);
     for (int b = 0; b < NB; b++) memcpy(acc + b * KVT_VEC, &a[b], sizeof(a[b]));
 }
+/* The same for the cache's type: one copy of the loop per type (and per NB,
+ * a constant at each call site). */
+static inline __attribute__((always_inline)) void kv_axpy_cols_kv_cpu(const kvt_kv *kv, float *acc, const float *w,
+                                                                     size_t i, int n, int NB) {
+    size_t KVD = (size_t)kv->NKV * kv->HS;
+    if (kv->dtype == KVT_FP32) kv_axpy_cols_cpu(acc, kv->data, KVT_FP32, w, i, KVD, n, NB);
+    else if (kv->dtype == KVT_FP16) kv_axpy_cols_cpu(acc, kv->data, KVT_FP16, w, i, KVD, n, NB);
+    else kv_axpy_cols_cpu(acc, kv->data, KVT_INT8, w, i, KVD, n, NB);
+}
 /* acc (HS) += sum_j wgt[j] * V row j, for the n rows of a tile (row j at
  * element i + j * KVD), KVT_AXPY channels at a time where HS allows (else
  * KVT_VEC): acc is read and written once per tile. One vector at a time
@@ -1634,16 +1643,8 @@ static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *w
                 for (int j = 0; j < n; j++) w[j] = wgt[j] * sc[j * row_scales + c / G];
             wc = w;
         }
-        size_t e = i + c;
-        if (step == KVT_AXPY) {
-            if (kv->dtype == KVT_FP32) kv_axpy_cols_cpu(acc + c, kv->data, KVT_FP32, wc, e, KVD, n, KVT_AXPY / KVT_VEC);
-            else if (kv->dtype == KVT_FP16) kv_axpy_cols_cpu(acc + c, kv->data, KVT_FP16, wc, e, KVD, n, KVT_AXPY / KVT_VEC);
-            else kv_axpy_cols_cpu(acc + c, kv->data, KVT_INT8, wc, e, KVD, n, KVT_AXPY / KVT_VEC);
-        } else {
-            if (kv->dtype == KVT_FP32) kv_axpy_cols_cpu(acc + c, kv->data, KVT_FP32, wc, e, KVD, n, 1);
-            else if (kv->dtype == KVT_FP16) kv_axpy_cols_cpu(acc + c, kv->data, KVT_FP16, wc, e, KVD, n, 1);
-            else kv_axpy_cols_cpu(acc + c, kv->data, KVT_INT8, wc, e, KVD, n, 1);
-        }
+        if (step == KVT_AXPY) kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, KVT_AXPY / KVT_VEC);
+        else kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, 1);
     }
 }
 KVT_STATIC_ASSERT(KVT_AXPY % KVT_VEC == 0 && KVT_AXPY / KVT_VEC <= 4, "an axpy block is 1 to 4 whole vectors");
