@@ -30,6 +30,7 @@
 
 // §1 includes, errors, timers ------------------------------------------------
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, fseeko, strdup */
+#define _DEFAULT_SOURCE 1        /* madvise (huge pages, host_alloc) */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -40,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <cblas.h>
 #include <omp.h>
@@ -87,6 +89,23 @@ static void kvt_fatal(const char *file, int line, const char *fmt, ...) {
 static void *kvt_malloc(size_t bytes) { /* invariant-level allocation (small) */
     void *p = malloc(bytes > 0 ? bytes : 1);
     if (!p) kvt_fatal(__FILE__, __LINE__, "out of host memory (%zu bytes)", bytes);
+    return p;
+}
+/* A big host buffer (the weights, the KV pool, scratch; NULL when there is
+ * no memory), freed with free(). From 2 MiB on it starts on a 2 MiB boundary
+ * and asks Linux for huge pages (transparent huge pages, which the common
+ * "madvise" setting gives only on request): the weights of a decode step are
+ * then read through 1 TLB entry per 2 MiB instead of one per 4 KiB page (110M
+ * shape: 220 instead of 107,000). Decode was about 1.04x faster with them on
+ * the AMD machine (README). Where the kernel says no, the pages are just small. */
+static void *host_alloc(size_t bytes) {
+    size_t huge = (size_t)2 << 20;
+    if (bytes < huge) return malloc(bytes > 0 ? bytes : 1);
+    void *p = NULL;
+    if (posix_memalign(&p, huge, bytes) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE); /* a hint: its failure changes nothing else */
+#endif
     return p;
 }
 
@@ -297,7 +316,7 @@ typedef int cudaError_t;
 #define cudaErrorMemoryAllocation 2
 typedef enum { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice } cudaMemcpyKind;
 static cudaError_t cudaMalloc(void **p, size_t bytes) {
-    *p = malloc(bytes > 0 ? bytes : 1);
+    *p = host_alloc(bytes);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 static cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
@@ -362,7 +381,7 @@ static int row_blocks(int count) {
 }
 
 // §3 device memory helpers -----------------------------------------------------
-/* Buffers of the engine live on the device it runs on: plain malloc for the CPU
+/* Buffers of the engine live on the device it runs on: host_alloc (§1) for the CPU
  * path, cudaMalloc for the GPU path (host memory again in the emulated build).
  * Out of memory is a user-facing error: the model or the pool may simply be too
  * big for this machine, and the message says how many bytes were asked for. */
@@ -377,7 +396,7 @@ static kvt_status buf_alloc(int gpu, void **p, size_t bytes, const char *what) {
                             what, bytes, (double)bytes / (1 << 20));
         }
     } else {
-        *p = malloc(bytes > 0 ? bytes : 1);
+        *p = host_alloc(bytes);
         if (!*p)
             return kvt_fail(KVT_ENOMEM, "host out of memory: %s needs %zu bytes (%.1f MiB)",
                             what, bytes, (double)bytes / (1 << 20));
@@ -568,7 +587,7 @@ static kvt_status kvt_model_setup(kvt_model *m, kvt_config c, int shared) {
     m->n_floats = kvt_checkpoint_floats(&c, shared);
     kvt_status st = kvt_mem_check(4.0 * (double)m->n_floats, 0, 0.0, 0.0);
     if (st != KVT_OK) return st;
-    m->data = (float *)malloc(m->n_floats * sizeof(float));
+    m->data = (float *)host_alloc(m->n_floats * sizeof(float));
     if (!m->data)
         return kvt_fail(KVT_ENOMEM, "host out of memory: model weights need %zu bytes",
                         m->n_floats * sizeof(float));
