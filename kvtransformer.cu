@@ -1113,10 +1113,11 @@ static inline float exp_neg_cpu(float x) {
  *   ...      (NX <= 4 rows, in cache)
  *
  * nw < 4 at the last tile of w: the missing rows repeat row 0 (so nothing is
- * read past w) and are not stored. NX is a constant at every call site, so
+ * read past w) and are not stored. pf: this is the first tile of x for
+ * these weight rows (it asks for the next ones). NX is a constant at every call site, so
  * the compiler unrolls the loops over it and keeps acc in registers. */
 static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, const float *x, const float *w,
-                                                                  int NX, int nw, int k, int d) {
+                                                                  int NX, int nw, int k, int d, int pf) {
     const float *wr[4];
     kvt_vec acc[4][4];
     for (int j = 0; j < 4; j++) wr[j] = w + (size_t)(j < nw ? j : 0) * k;
@@ -1130,8 +1131,10 @@ static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, co
             /* Ask now for the same columns of the next tile's rows (4 rows on):
              * the hardware prefetcher stops at every 4 KiB page, this does not
              * (measured +10% on a 32000 x 768 decode matmul). A prefetch past
-             * the end of w is harmless: it never faults. */
-            __builtin_prefetch(wr[j] + c + 4 * (size_t)k);
+             * the end of w is harmless: it never faults. Only the first tile
+             * of x asks (pf): the others read the same weight rows, so their
+             * prefetches were repeats (dropping them: 4 rows 1.1x faster). */
+            if (pf) __builtin_prefetch(wr[j] + c + 4 * (size_t)k);
         }
         for (int i = 0; i < NX; i++) {
             kvt_vec xv = vec_load(x + (size_t)i * k + c);
@@ -1161,10 +1164,10 @@ static void matmul_rows_cpu(float *out, const float *x, const float *w, int n, i
             float *o = out + (size_t)i * d + j;
             const float *xi = x + (size_t)i * k, *wj = w + (size_t)j * k;
             switch (n - i < KVT_TILE_X ? n - i : KVT_TILE_X) { /* a constant NX for each copy of the tile */
-            case 1: matmul_tile_cpu(o, xi, wj, 1, nw, k, d); break;
-            case 2: matmul_tile_cpu(o, xi, wj, 2, nw, k, d); break;
-            case 3: matmul_tile_cpu(o, xi, wj, 3, nw, k, d); break;
-            default: matmul_tile_cpu(o, xi, wj, 4, nw, k, d); break;
+            case 1: matmul_tile_cpu(o, xi, wj, 1, nw, k, d, i == 0); break;
+            case 2: matmul_tile_cpu(o, xi, wj, 2, nw, k, d, i == 0); break;
+            case 3: matmul_tile_cpu(o, xi, wj, 3, nw, k, d, i == 0); break;
+            default: matmul_tile_cpu(o, xi, wj, 4, nw, k, d, i == 0); break;
             }
         }
     }
