@@ -1376,6 +1376,7 @@ typedef struct {
     void *data;          /* pool storage (n_chunks, L, 2, CH, NKV, HS), dtype */
     float *scales;       /* int8: one per G consecutive elements of data */
     int dtype, G, CH, NKV, HS;
+    int HG;              /* int8 scales per head row, HS / G: loops step by it, no division per key */
     size_t chunk_elems;  /* L * 2 * CH * NKV * HS */
     const int *tables;   /* chunk tables of the sequences in this call, concatenated */
     const int *row_tab;  /* (n) offset of row r's table in tables */
@@ -1396,6 +1397,7 @@ static kvt_kv kv_view(const kvt_pool *p, const int *tables, const int *row_tab, 
     kv.CH = p->CH;
     kv.NKV = p->NKV;
     kv.HS = p->HS;
+    kv.HG = p->G > 0 ? p->HS / p->G : 0;
     kv.chunk_elems = p->chunk_elems;
     kv.tables = tables;
     kv.row_tab = row_tab;
@@ -1550,17 +1552,16 @@ static inline __attribute__((always_inline)) kvt_vec kv_load_vec_cpu(const void 
 }
 /* Four dot products: out[u * os] = scale * q[u] . (K row u), row u the HS
  * values at element ki + u * ks; int8: in G-value groups, each times its
- * scale, row u's from sc + u * ks / G. Four independent sums (one sum would
+ * scale, row u's from sc + u * ss (ss = ks / G). Four independent sums (one sum would
  * wait on its own previous add at every step). ks = 0: one row for four
  * queries (the rows of a prefill block, the query heads that share a kv
  * head), loaded and converted once; ks = HS: four kv heads side by side (a
  * decode row, one query per kv head). For fp32 and fp16 the caller passes
  * G = HS and sc = NULL. */
 static inline __attribute__((always_inline)) void kv_dot4_cpu(const void *data, int dtype, const float *sc, int HS,
-                                                             int G, size_t ki, size_t ks, const float *const *q,
-                                                             float scale, float *out, int os) {
+                                                             int G, size_t ki, size_t ks, size_t ss,
+                                                             const float *const *q, float scale, float *out, int os) {
     kvt_vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    size_t ss = sc ? ks / G : 0; /* row u's scales: u * ss further */
     for (int g = 0, gi = 0; g < HS; g += G, gi++) { /* gi: the group's index in the row */
         kvt_vec p0 = {0}, p1 = {0}, p2 = {0}, p3 = {0};
         for (int c = g; c < g + G; c += KVT_VEC) {
@@ -1588,36 +1589,36 @@ static inline __attribute__((always_inline)) void kv_dot4_cpu(const void *data, 
 }
 /* out[u * os] = scale * q[u] . (K row at element ki + u * ks) for the n
  * queries q[0..n-1]: four at a time where KVT_VEC divides HS (and G), the
- * rest with kv_row_dot_cpu. */
-static void kv_dots_cpu(const kvt_kv *kv, size_t ki, size_t ks, const float *const *q, int n, float scale,
-                        float *out, int os) {
+ * rest with kv_row_dot_cpu. si: the int8 scale index of the row at ki (ki /
+ * G, which the caller keeps up to date by additions: a 64-bit division per
+ * key made int8 attention 1.13x slower, README); 0 for fp32 and fp16. */
+static void kv_dots_cpu(const kvt_kv *kv, size_t ki, size_t si, size_t ks, const float *const *q, int n,
+                        float scale, float *out, int os) {
     int u = 0, HS = kv->HS, G = kv->G, dt = kv->dtype;
+    size_t ss = ks ? (size_t)kv->HG : 0; /* row u's scales: u * ss further (ks is HS or 0) */
     if (HS % KVT_VEC == 0 && (dt == KVT_FP32 || dt == KVT_FP16 || (dt == KVT_INT8 && G % KVT_VEC == 0)))
         for (; u + 4 <= n; u += 4) {
             size_t k = ki + u * ks;
             float *o = out + (size_t)u * os;
-            if (dt == KVT_FP32) kv_dot4_cpu(kv->data, KVT_FP32, NULL, HS, HS, k, ks, q + u, scale, o, os);
-            else if (dt == KVT_FP16) kv_dot4_cpu(kv->data, KVT_FP16, NULL, HS, HS, k, ks, q + u, scale, o, os);
-            else kv_dot4_cpu(kv->data, KVT_INT8, kv->scales + k / G, HS, G, k, ks, q + u, scale, o, os);
+            if (dt == KVT_FP32) kv_dot4_cpu(kv->data, KVT_FP32, NULL, HS, HS, k, ks, 0, q + u, scale, o, os);
+            else if (dt == KVT_FP16) kv_dot4_cpu(kv->data, KVT_FP16, NULL, HS, HS, k, ks, 0, q + u, scale, o, os);
+            else kv_dot4_cpu(kv->data, KVT_INT8, kv->scales + si + u * ss, HS, G, k, ks, ss, q + u, scale, o, os);
         }
-    for (; u < n; u++) {
-        size_t k = ki + u * ks;
-        out[(size_t)u * os] = scale * kv_row_dot_cpu(kv, k, kv->scales ? k / G : 0, q[u]);
-    }
+    for (; u < n; u++) out[(size_t)u * os] = scale * kv_row_dot_cpu(kv, ki + u * ks, si + u * ss, q[u]);
 }
 /* Ask the memory for one position's row of every kv head (K or V), starting
- * at element i, before it is needed: the row's cache lines and its int8
- * scales. A hint: the core does not wait for it, and it never faults.
+ * at element i (int8: its first scale si), before it is needed: the row's
+ * cache lines and its int8 scales. A hint: the core does not wait for it, and it never faults.
  * always_inline, or the hint is lost: a prefetch changes no memory, so GCC
  * (12, -O3) found this function free of effects and deleted its calls; the
  * V rows were never asked for (README: the fp16 and int8 caches were 1.3x
  * and 1.25x slower at T 4000 without it). */
-static inline __attribute__((always_inline)) void kv_prefetch_row(const kvt_kv *kv, size_t i) {
+static inline __attribute__((always_inline)) void kv_prefetch_row(const kvt_kv *kv, size_t i, size_t si) {
     kvt_dtype dt = (kvt_dtype)kv->dtype;
     size_t KVD = (size_t)kv->NKV * kv->HS, bytes = kvt_dtype_size(dt, KVD);
-    size_t scale_bytes = kv->scales ? KVD / kv->G * sizeof(float) : 0;
+    size_t scale_bytes = kv->scales ? (size_t)kv->NKV * kv->HG * sizeof(float) : 0;
     const char *p = (const char *)kv->data + kvt_dtype_size(dt, i);
-    const char *sp = kv->scales ? (const char *)(kv->scales + i / kv->G) : NULL;
+    const char *sp = kv->scales ? (const char *)(kv->scales + si) : NULL;
     for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
     for (size_t b = 0; b < scale_bytes; b += 64) __builtin_prefetch(sp + b);
 }
@@ -1644,7 +1645,7 @@ static inline __attribute__((always_inline)) void kv_axpy_cols_kv_cpu(const kvt_
     else kv_axpy_cols_cpu(acc, kv->data, KVT_INT8, w, i, KVD, n, NB);
 }
 /* acc (HS) += sum_j wgt[j] * V row j, for the n rows of a tile (row j at
- * element i + j * KVD), KVT_AXPY channels at a time where HS allows (else
+ * element i + j * KVD; int8: its scales from si + j * KVD / G), KVT_AXPY channels at a time where HS allows (else
  * KVT_VEC): acc is read and written once per tile. One vector at a time
  * instead, walking the 32 rows (3 KiB apart in the 110M shape) again for
  * every 8 floats of each, took 1.15x as long for fp32 in cache on the AMD
@@ -1652,25 +1653,26 @@ static inline __attribute__((always_inline)) void kv_axpy_cols_kv_cpu(const kvt_
  * channels, so a block must lie in one group (KVT_AXPY divides G); otherwise
  * row by row, by the spec. */
 #define KVT_AXPY 32 /* channels per block: 4 vectors with AVX2, 2 with AVX-512 */
-static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, size_t i, int n) {
-    int HS = kv->HS, G = kv->G, int8 = kv->dtype == KVT_INT8;
-    size_t KVD = (size_t)kv->NKV * HS, row_scales = KVD / (size_t)G;
-    const float *sc = int8 ? kv->scales + i / (size_t)G : NULL; /* row j's scales: j * row_scales further */
+static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, size_t i, size_t si, int n) {
+    int HS = kv->HS, int8 = kv->dtype == KVT_INT8, G = int8 ? kv->G : HS; /* fp32, fp16: one "group", unscaled */
+    size_t KVD = (size_t)kv->NKV * HS, row_scales = (size_t)kv->NKV * kv->HG;
+    const float *sc = int8 ? kv->scales + si : NULL; /* row j's scales: j * row_scales further */
     float w[KVT_ATTN_TILE];
     if (HS % KVT_VEC || (int8 && G % KVT_VEC)) { /* leftovers, or a vector spanning two groups: the spec */
         for (int j = 0; j < n; j++) kv_axpy(kv, i + j * KVD, wgt[j], acc, HS);
         return;
     }
     int step = HS % KVT_AXPY == 0 && (!int8 || G % KVT_AXPY == 0) ? KVT_AXPY : KVT_VEC;
-    for (int c = 0; c < HS; c += step) {
+    for (int g = 0, gi = 0; g < HS; g += G, gi++) { /* gi: the group's index in the row */
         const float *wc = wgt;
-        if (int8) { /* the weights times this group's scales (computed again only when a new group starts) */
-            if (c % G == 0)
-                for (int j = 0; j < n; j++) w[j] = wgt[j] * sc[j * row_scales + c / G];
+        if (int8) { /* the weights times this group's scales */
+            for (int j = 0; j < n; j++) w[j] = wgt[j] * sc[j * row_scales + gi];
             wc = w;
         }
-        if (step == KVT_AXPY) kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, KVT_AXPY / KVT_VEC);
-        else kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, 1);
+        for (int c = g; c < g + G; c += step) {
+            if (step == KVT_AXPY) kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, KVT_AXPY / KVT_VEC);
+            else kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, 1);
+        }
     }
 }
 KVT_STATIC_ASSERT(KVT_AXPY % KVT_VEC == 0 && KVT_AXPY / KVT_VEC <= 4, "an axpy block is 1 to 4 whole vectors");
@@ -1890,14 +1892,18 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
     /* A tile: nt consecutive positions from t0, cut into runs where a chunk
      * ends. Run i is keys at[i] .. at[i+1] - 1 of the tile; inside it, key
      * j + 1's row is KVD elements after key j's, and its first K row (head 0)
-     * is at element kr[i]. V rows follow the chunk's K rows, voff further. */
+     * is at element kr[i]. V rows follow the chunk's K rows, voff further.
+     * int8: that row's first scale is sr[i], a row's scales rsc apart, V's
+     * vsoff after K's (no division per key, see kv_dots_cpu). */
     int at[KVT_ATTN_TILE + 1], nrun;
-    size_t kr[KVT_ATTN_TILE], voff = (size_t)kv->CH * KVD;
+    size_t kr[KVT_ATTN_TILE], sr[KVT_ATTN_TILE], voff = (size_t)kv->CH * KVD;
+    size_t rsc = (size_t)kv->NKV * kv->HG, vsoff = (size_t)kv->CH * rsc;
     for (int t0 = t_begin, nt; t0 < t_end; t0 += nt) {
         nt = t_end - t0 < KVT_ATTN_TILE ? t_end - t0 : KVT_ATTN_TILE;
         for (nrun = 0, at[0] = 0; at[nrun] < nt; nrun++) {
             int t = t0 + at[nrun], chunk_end = at[nrun] + kv->CH - t % kv->CH;
             kr[nrun] = kv_index(kv, l, 0, tab, t, 0);
+            sr[nrun] = kv->scales ? kr[nrun] / (size_t)kv->G : 0;
             at[nrun + 1] = chunk_end < nt ? chunk_end : nt;
         }
         /* pass 1: key j's scores, already scaled, for every query of the
@@ -1906,12 +1912,14 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
         for (int i = 0; i < nrun; i++)
             for (int j = at[i]; j < at[i + 1]; j++) {
                 size_t ki = kr[i] + (size_t)(j - at[i]) * KVD; /* key j's K row of kv head 0 */
-                kv_prefetch_row(kv, ki + voff);
+                size_t si = sr[i] + (size_t)(j - at[i]) * rsc; /* and its first int8 scale */
+                kv_prefetch_row(kv, ki + voff, si + vsoff);
                 if (n == 1) /* one query per kv head: the kv heads' rows side by side, four at a time */
-                    kv_dots_cpu(kv, ki, HS, qs, kv->NKV, scale, &scores[0][j], KVT_ATTN_TILE);
+                    kv_dots_cpu(kv, ki, si, HS, qs, kv->NKV, scale, &scores[0][j], KVT_ATTN_TILE);
                 else /* each kv head's row for its n queries */
                     for (int kh = 0; kh < kv->NKV; kh++)
-                        kv_dots_cpu(kv, ki + (size_t)kh * HS, 0, qs + kh * n, n, scale, &scores[kh * n][j], KVT_ATTN_TILE);
+                        kv_dots_cpu(kv, ki + (size_t)kh * HS, si + (size_t)kh * kv->HG, 0, qs + kh * n, n, scale,
+                                    &scores[kh * n][j], KVT_ATTN_TILE);
             }
         /* pass 2: per kv head, its queries' softmax updates and sums of V */
         for (int kh = 0, u = 0; kh < kv->NKV; kh++) {
@@ -1937,7 +1945,8 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
                     for (int j = 0; j < nk; j++) s[j] = exp_neg_cpu(s[j] - m);
                     pp[1] += tile_sum_cpu(s, nk);
                     for (int i = 0; i < nrun && at[i] < nk; i++)
-                        kv_rows_axpy_cpu(kv, pp + 2, s + at[i], kr[i] + voff + off, (at[i + 1] < nk ? at[i + 1] : nk) - at[i]);
+                        kv_rows_axpy_cpu(kv, pp + 2, s + at[i], kr[i] + voff + off, sr[i] + vsoff + (size_t)kh * kv->HG,
+                                         (at[i + 1] < nk ? at[i + 1] : nk) - at[i]);
                 }
             }
         }

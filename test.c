@@ -573,7 +573,7 @@ static void test_attention_ragged(int gpu) {
             int *dwtab = (int *)dev_copy(gpu, wtab, (size_t)len[i] * sizeof(int));
             float *dK = (float *)dev_copy(gpu, K, (size_t)len[i] * KVD * 4), *dV = (float *)dev_copy(gpu, V, (size_t)len[i] * KVD * 4);
             float *dJ = (float *)dev_copy(gpu, J, (size_t)len[i] * KVD * 4);
-            kvt_kv w = {p.data, p.scales, (int)p.dtype, p.G, CH, NKV, HS, p.chunk_elems, d_tables, dwtab, dwpos, dwpos};
+            kvt_kv w = kv_view(&p, d_tables, dwtab, dwpos, dwpos);
             if (gpu) { kv_write_gpu(w, dJ, dJ, 0, len[i]); kv_write_gpu(w, dK, dV, 1, len[i]); }
             else { kv_write_cpu(w, dJ, dJ, 0, len[i]); kv_write_cpu(w, dK, dV, 1, len[i]); }
             buf_free(gpu, dwpos); buf_free(gpu, dwtab); buf_free(gpu, dK); buf_free(gpu, dV); buf_free(gpu, dJ);
