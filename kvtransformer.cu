@@ -1114,8 +1114,9 @@ static inline float exp_neg_cpu(float x) {
  *
  * nw < 4 at the last tile of w: the missing rows repeat row 0 (so nothing is
  * read past w) and are not stored. pf: this is the first tile of x for
- * these weight rows (it asks for the next ones). NX is a constant at every call site, so
- * the compiler unrolls the loops over it and keeps acc in registers. */
+ * these weight rows (it asks for the next ones). NX is a constant at every
+ * call site, so the compiler unrolls the loops over it and keeps acc in
+ * registers. */
 static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, const float *x, const float *w,
                                                                   int NX, int nw, int k, int d, int pf) {
     const float *wr[4];
@@ -1552,8 +1553,8 @@ static inline __attribute__((always_inline)) kvt_vec kv_load_vec_cpu(const void 
 }
 /* Four dot products: out[u * os] = scale * q[u] . (K row u), row u the HS
  * values at element ki + u * ks; int8: in G-value groups, each times its
- * scale, row u's from sc + u * ss (ss = ks / G). Four independent sums (one sum would
- * wait on its own previous add at every step). ks = 0: one row for four
+ * scale, row u's from sc + u * ss (ss = ks / G). Four independent sums (one
+ * sum would wait on its own previous add at every step). ks = 0: one row for four
  * queries (the rows of a prefill block, the query heads that share a kv
  * head), loaded and converted once; ks = HS: four kv heads side by side (a
  * decode row, one query per kv head). For fp32 and fp16 the caller passes
@@ -1591,7 +1592,7 @@ static inline __attribute__((always_inline)) void kv_dot4_cpu(const void *data, 
  * queries q[0..n-1]: four at a time where KVT_VEC divides HS (and G), the
  * rest with kv_row_dot_cpu. si: the int8 scale index of the row at ki (ki /
  * G, which the caller keeps up to date by additions: a 64-bit division per
- * key made int8 attention 1.13x slower, README); 0 for fp32 and fp16. */
+ * key made int8 attention 1.05x slower, README); 0 for fp32 and fp16. */
 static void kv_dots_cpu(const kvt_kv *kv, size_t ki, size_t si, size_t ks, const float *const *q, int n,
                         float scale, float *out, int os) {
     int u = 0, HS = kv->HS, G = kv->G, dt = kv->dtype;
@@ -1608,11 +1609,11 @@ static void kv_dots_cpu(const kvt_kv *kv, size_t ki, size_t si, size_t ks, const
 }
 /* Ask the memory for one position's row of every kv head (K or V), starting
  * at element i (int8: its first scale si), before it is needed: the row's
- * cache lines and its int8 scales. A hint: the core does not wait for it, and it never faults.
- * always_inline, or the hint is lost: a prefetch changes no memory, so GCC
- * (12, -O3) found this function free of effects and deleted its calls; the
- * V rows were never asked for (README: the fp16 and int8 caches were 1.3x
- * and 1.25x slower at T 4000 without it). */
+ * cache lines and its int8 scales. A hint: the core does not wait for it,
+ * and it never faults. always_inline, or the hint is lost: a prefetch
+ * changes no memory, so GCC (12, -O3) found this function free of effects
+ * and deleted its calls; the V rows were never asked for (README: the fp16
+ * and int8 caches were 1.4x and 1.33x slower at T 4000 without it). */
 static inline __attribute__((always_inline)) void kv_prefetch_row(const kvt_kv *kv, size_t i, size_t si) {
     kvt_dtype dt = (kvt_dtype)kv->dtype;
     size_t KVD = (size_t)kv->NKV * kv->HS, bytes = kvt_dtype_size(dt, KVD);
@@ -1645,11 +1646,11 @@ static inline __attribute__((always_inline)) void kv_axpy_cols_kv_cpu(const kvt_
     else kv_axpy_cols_cpu(acc, kv->data, KVT_INT8, w, i, KVD, n, NB);
 }
 /* acc (HS) += sum_j wgt[j] * V row j, for the n rows of a tile (row j at
- * element i + j * KVD; int8: its scales from si + j * KVD / G), KVT_AXPY channels at a time where HS allows (else
- * KVT_VEC): acc is read and written once per tile. One vector at a time
- * instead, walking the 32 rows (3 KiB apart in the 110M shape) again for
- * every 8 floats of each, took 1.15x as long for fp32 in cache on the AMD
- * machine (README). int8: the weight times the row's scale of these
+ * element i + j * KVD; int8: its scales from si + j * KVD / G), KVT_AXPY
+ * channels at a time where HS allows (else KVT_VEC): acc is read and written
+ * once per tile. One vector at a time instead, walking the 32 rows (3 KiB
+ * apart in the 110M shape) again for every 8 floats of each, took 1.15x as
+ * long for fp32 in cache on the AMD machine (README). int8: the weight times the row's scale of these
  * channels, so a block must lie in one group (KVT_AXPY divides G); otherwise
  * row by row, by the spec. */
 #define KVT_AXPY 32 /* channels per block: 4 vectors with AVX2, 2 with AVX-512 */
