@@ -113,6 +113,11 @@ static int bench_cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
+/* The median of v[0 .. n) (the upper one for even n; 0 when n is 0); sorts v. */
+static double bench_median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), bench_cmp_double);
+    return n ? v[n / 2] : 0.0;
+}
 /* Decode speed at short context against the bandwidth bound. */
 /* Decode at short context is a sequence of matrix-vector products: each
  * weight is read once and used for one multiply-add. The time per token is
@@ -167,9 +172,7 @@ static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
         }
     }
     dt /= steps - 1;
-    qsort(frac, (size_t)nf, sizeof(double), bench_cmp_double);
-    qsort(pass_gbs, (size_t)nf, sizeof(double), bench_cmp_double);
-    double pf = nf ? frac[nf / 2] : 0.0, pg = nf ? pass_gbs[nf / 2] : 0.0;
+    double pf = bench_median(frac, (int)nf), pg = bench_median(pass_gbs, (int)nf);
     if (st == KVT_OK) {
         double bound = bw * 1e9 / wb, rbound = rbw * 1e9 / wb;
         printf("%s memory bandwidth: copy loop (read+write) %.2f GB/s%s", e->gpu ? "device" : "host", bw,
@@ -517,8 +520,7 @@ static kvt_status bench_batch(kvt_model *m, const kvt_options *o, FILE *csv) {
                BENCH_BATCH_ROUNDS);
         if (csv) fprintf(csv, "batch,ms_per_step,tokens_per_s\n");
         for (int si = 0; si < BENCH_BATCH_SIZES; si++) {
-            qsort(dt[si], BENCH_BATCH_ROUNDS, sizeof(double), bench_cmp_double);
-            double med = dt[si][BENCH_BATCH_ROUNDS / 2];
+            double med = bench_median(dt[si], BENCH_BATCH_ROUNDS);
             printf("%6d %14.3f %14.1f\n", sizes[si], 1e3 * med, sizes[si] / med);
             if (csv) fprintf(csv, "%d,%.4f,%.2f\n", sizes[si], 1e3 * med, sizes[si] / med);
         }
