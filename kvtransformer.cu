@@ -1613,14 +1613,25 @@ static void kv_dots_cpu(const kvt_kv *kv, size_t ki, size_t si, size_t ks, const
  * and it never faults. always_inline, or the hint is lost: a prefetch
  * changes no memory, so GCC (12, -O3) found this function free of effects
  * and deleted its calls; the V rows were never asked for (README: the fp16
- * and int8 caches were 1.4x and 1.33x slower at T 4000 without it). */
+ * and int8 caches were 1.4x and 1.33x slower at T 4000 without it).
+ * fp32 reads one byte of each line instead (a volatile load, which the
+ * compiler must keep): its row is 48 lines in the 110M shape, asked for
+ * while the K row's 48 are read, more than a core keeps in flight (about
+ * 22 lines, measured on Zen 1: README), and a hint that finds no room may
+ * be dropped where a load waits. With hints the sums of V that follow took
+ * 0.70 ms at T 4000, with loads 0.33, run again from cache 0.22. fp16 and
+ * int8 rows are 24 and 12 lines, and loads were slower for them than hints
+ * (they hold up the conversions behind them). */
 static inline __attribute__((always_inline)) void kv_prefetch_row(const kvt_kv *kv, size_t i, size_t si) {
     kvt_dtype dt = (kvt_dtype)kv->dtype;
     size_t KVD = (size_t)kv->NKV * kv->HS, bytes = kvt_dtype_size(dt, KVD);
     size_t scale_bytes = kv->scales ? (size_t)kv->NKV * kv->HG * sizeof(float) : 0;
     const char *p = (const char *)kv->data + kvt_dtype_size(dt, i);
     const char *sp = kv->scales ? (const char *)(kv->scales + si) : NULL;
-    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+    if (dt == KVT_FP32)
+        for (size_t b = 0; b < bytes; b += 64) (void)*(const volatile char *)(p + b);
+    else
+        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
     for (size_t b = 0; b < scale_bytes; b += 64) __builtin_prefetch(sp + b);
 }
 /* acc[0 .. NB * KVT_VEC) += sum_j w[j] * (the same channels of row j), row j

@@ -2315,6 +2315,13 @@ static void test_bench_shapes(void) {
         expect(rc == 0 && contains(out, runs[i][1]) && !bench_bad_number(out),
                "cli '%s': exit %d, %s, no inf, nan or negative number", runs[i][0], rc, runs[i][2]);
         if (i == 0) expect(!contains(out, "paired"), "cli '%s': no paired read pass for weights in cache", runs[i][0]);
+        if (i == 0) { /* a chain of dependent loads from memory: tens to hundreds of ns, never ~0 (a chain not walked) */
+            const char *lat_at = strstr(out, "latency ");
+            double lat = 0;
+            int got_lat = lat_at ? sscanf(lat_at, "latency %lf ns", &lat) : 0;
+            expect(got_lat == 1 && lat > 5 && lat < 1e5,
+                   "cli '%s': memory latency %.1f ns, in (5, 100000)", runs[i][0], lat);
+        }
     }
     /* weights past KVT_PAIRED_MIN_BYTES (37 MB): each timed step paired with a read pass */
     const char *big = "--random 512,2,8,8,1024,8000,64 --bench decode";

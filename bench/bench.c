@@ -53,6 +53,32 @@ static void kvt_bandwidth_gbs(double *copy_gbs, double *read_gbs) {
     *copy_gbs = 2.0 * (double)n * sizeof(float) / best_copy / 1e9;
     *read_gbs = (double)n * sizeof(float) / best_read / 1e9;
 }
+/* Memory latency: one chain of dependent loads through the 64-byte lines of
+ * 256 MiB in a random order, so neither the caches nor the prefetchers can
+ * help; ns per load. The order is one cycle through every line (Sattolo's
+ * shuffle: swap line i with a line j < i, for i from the last down).
+ * Latency x bandwidth is what must be in flight to read at that bandwidth:
+ * a core that keeps M misses in flight reads at most M x 64 bytes / latency. */
+static double kvt_latency_ns(void) {
+    size_t lines = ((size_t)256 << 20) / 64, w = 64 / sizeof(size_t), p = 0;
+    size_t *a = (size_t *)host_alloc(lines * 64);
+    KVT_ASSERT(a);
+    uint64_t rng = 42;
+    for (size_t i = 0; i < lines; i++) a[i * w] = i; /* line i's first word: the next line */
+    for (size_t i = lines - 1; i > 0; i--) {
+        size_t j = (size_t)(kvt_rng_u64(&rng) % i), t = a[i * w];
+        a[i * w] = a[j * w];
+        a[j * w] = t;
+    }
+    long steps = 1L << 21;
+    double t0 = kvt_now();
+    for (long s = 0; s < steps; s++) p = a[p * w];
+    double ns = (kvt_now() - t0) * 1e9 / (double)steps;
+    volatile size_t keep = p; /* the chain's end: used, so walked */
+    (void)keep;
+    free(a);
+    return ns;
+}
 /* The same on the GPU: device-to-device copies of 1 GiB, best of 5. */
 static double kvt_device_bandwidth_gbs(void) {
 #ifdef __CUDACC__
@@ -145,6 +171,7 @@ static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
     double bw = 0, rbw = 0, wb = kvt_weight_bytes(m);
     if (e->gpu) bw = rbw = kvt_device_bandwidth_gbs();
     else kvt_bandwidth_gbs(&bw, &rbw);
+    double lat = e->gpu ? 0.0 : kvt_latency_ns();
     /* the prompt, the untimed step, then the timed single-token steps: the
      * decode regime, where reading the weights dominates */
     if (st == KVT_OK) st = kvt_forward(e, &s, toks, np, logits, 0);
@@ -177,7 +204,7 @@ static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
         double bound = bw * 1e9 / wb, rbound = rbw * 1e9 / wb;
         printf("%s memory bandwidth: copy loop (read+write) %.2f GB/s%s", e->gpu ? "device" : "host", bw,
                e->gpu ? "\n" : "");
-        if (!e->gpu) printf(", read-only loop %.2f GB/s\n", rbw);
+        if (!e->gpu) printf(", read-only loop %.2f GB/s, latency %.0f ns (dependent loads in random order)\n", rbw, lat);
         printf("weights read per token: %.1f MB -> bound %.2f tokens/s (copy bandwidth)", wb / 1e6, bound);
         if (!e->gpu) printf(", %.2f tokens/s (read bandwidth)", rbound);
         printf("\ndecode (%s, %s cache, positions %d..%d): %.2f ms/token = %.2f tokens/s = %.0f%% of the copy bound",
@@ -189,8 +216,8 @@ static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
             printf("paired (a read-only pass over the weights just before each step, median of %ld pairs): the pass "
                    "%.2f GB/s, decode at %.0f%% of it\n", nf, pg, 100.0 * pf);
         if (csv) fprintf(csv, "copy_gbs,read_gbs,weight_mb,copy_bound_tok_s,read_bound_tok_s,decode_tok_s,"
-                              "pass_gbs,pass_fraction\n%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
-                         bw, rbw, wb / 1e6, bound, rbound, 1.0 / dt, pg, pf);
+                              "pass_gbs,pass_fraction,latency_ns\n%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f\n",
+                         bw, rbw, wb / 1e6, bound, rbound, 1.0 / dt, pg, pf, lat);
     }
     volatile float keep = sink; /* the passes' sums: used, so computed */
     (void)keep;
