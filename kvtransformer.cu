@@ -1661,9 +1661,9 @@ static inline __attribute__((always_inline)) void kv_axpy_cols_kv_cpu(const kvt_
  * channels at a time where HS allows (else KVT_VEC): acc is read and written
  * once per tile. One vector at a time instead, walking the 32 rows (3 KiB
  * apart in the 110M shape) again for every 8 floats of each, took 1.15x as
- * long for fp32 in cache on the AMD machine (README). int8: the weight times the row's scale of these
- * channels, so a block must lie in one group (KVT_AXPY divides G); otherwise
- * row by row, by the spec. */
+ * long for fp32 in cache on the AMD machine (README). int8: the weight times
+ * the row's scale of these channels, so a block must lie in one group
+ * (KVT_AXPY divides G); otherwise row by row, by the spec. */
 #define KVT_AXPY 32 /* channels per block: 4 vectors with AVX2, 2 with AVX-512 */
 static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, size_t i, size_t si, int n) {
     int HS = kv->HS, int8 = kv->dtype == KVT_INT8, G = int8 ? kv->G : HS; /* fp32, fp16: one "group", unscaled */
