@@ -1149,17 +1149,15 @@ static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, co
             out[(size_t)i * d + j] = s;
         }
 }
-/* All tiles: the cores split the rows of w (each core streams its own part of
- * the matrix), and each core walks all rows of x, KVT_TILE_X at a time, for
- * every 4 rows of w it holds in cache. KVT_TILE_X x 4 running sums must fit in
- * the registers: 16 of AVX-512's 32, but with AVX2's 16 registers 4 x 4 spill
- * to memory, and 3 x 4 leave room for the 4 weight vectors (measured on a
- * 2-core AMD EPYC, 16 rows of the 110M shape's w1: 40 GFLOP/s with 4 rows of
+/* The tiles of rows j0..j1-1 of w: for every 4 rows of w (read from memory
+ * once), all rows of x, KVT_TILE_X at a time. KVT_TILE_X x 4 running sums must
+ * fit in the registers: 16 of AVX-512's 32, but with AVX2's 16 registers 4 x 4
+ * spill to memory, and 3 x 4 leave room for the 4 weight vectors (measured on
+ * a 2-core AMD EPYC, 16 rows of the 110M shape's w1: 40 GFLOP/s with 4 rows of
  * x per tile, 49 with 3). */
 #define KVT_TILE_X (KVT_VEC == 16 ? 4 : 3)
-static void matmul_rows_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
-#pragma omp parallel for schedule(static) if ((long)n * d * k > 100000)
-    for (int j = 0; j < d; j += 4) {
+static void matmul_rows_part_cpu(float *out, const float *x, const float *w, int n, int k, int d, int j0, int j1) {
+    for (int j = j0; j < j1; j += 4) {
         int nw = d - j < 4 ? d - j : 4;
         for (int i = 0; i < n; i += KVT_TILE_X) {
             float *o = out + (size_t)i * d + j;
@@ -1173,11 +1171,69 @@ static void matmul_rows_cpu(float *out, const float *x, const float *w, int n, i
         }
     }
 }
+/* Work sharing for the matmuls on the CPU: nch chunks of work (rows of w),
+ * cut into one part of consecutive chunks per core. Each core runs its own
+ * part front to back, then takes the untaken chunks of the next parts. A
+ * chunk is claimed by adding 1 to its part's counter (a core that gets a
+ * number past the part's end knows the part is done), so each runs once.
+ *
+ * Why not `omp for schedule(static)`, an equal part each and no more: on the
+ * 2-core VM one core then waited for the other at the end of every matmul:
+ * 23% to 27% of the call's time for decode on the 110M shape's smaller
+ * weights (the two cores' speed varies from call to call; neither is
+ * always the slower). Nor schedule(dynamic): it
+ * deals the chunks out in turn, so each core's stream of rows breaks at every
+ * chunk (and its prefetch of the next rows asks for the other core's);
+ * measured slower than static. */
+#define KVT_CPU_THREADS 64 /* most cores a matmul shares its chunks among (one counter each) */
+typedef struct {
+    int *taken; /* chunks taken from each part, shared; zeroed before the parallel region */
+    int nch, nt, id, r; /* chunks; cores; this core; parts this core has finished */
+} kvt_claims;
+static kvt_claims claims_start(int *taken, int nch) {
+    int nt = omp_get_num_threads() < KVT_CPU_THREADS ? omp_get_num_threads() : KVT_CPU_THREADS;
+    int id = omp_get_thread_num();
+    kvt_claims c = {taken, nch, nt, id, id < nt ? 0 : nt}; /* cores past KVT_CPU_THREADS: no chunks */
+    return c;
+}
+static int claim_next(kvt_claims *cl) { /* the next chunk for this core, or -1: all done */
+    for (; cl->r < cl->nt; cl->r++) { /* its own part first, then the others' */
+        int part = (cl->id + cl->r) % cl->nt, c;
+        int c0 = (int)((long)cl->nch * part / cl->nt), c1 = (int)((long)cl->nch * (part + 1) / cl->nt);
+#pragma omp atomic capture
+        c = cl->taken[part]++;
+        if (c0 + c < c1) return c0 + c;
+    }
+    return -1;
+}
+/* All tiles, on all cores: chunks of about KVT_CHUNK_BYTES of weights, a
+ * whole number of tiles. Measured on the 2-core VM against an equal half
+ * each: decode at 0.90 of a paired read pass instead of 0.85 (medians of 5);
+ * chunks of 48 or 192 KB were no better. */
+#define KVT_CHUNK_BYTES 98304
+static void matmul_rows_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
+    if ((long)n * d * k <= 100000) { /* too small to share */
+        matmul_rows_part_cpu(out, x, w, n, k, d, 0, d);
+        return;
+    }
+    int rows = 4 * (int)(KVT_CHUNK_BYTES / (16L * k)); /* whole tiles of 4 rows, at most the chunk's bytes */
+    if (rows < 4) rows = 4;
+    int nch = kvt_cdiv(d, rows), taken[KVT_CPU_THREADS] = {0};
+#pragma omp parallel
+    {
+        kvt_claims cl = claims_start(taken, nch);
+        for (int c; (c = claim_next(&cl)) >= 0;)
+            matmul_rows_part_cpu(out, x, w, n, k, d, c * rows, (c + 1) * rows < d ? (c + 1) * rows : d);
+    }
+}
 /* Prefill: OpenBLAS's sgemm, which blocks for every cache level and beats the
  * tile loop once there are enough rows to reuse each weight many times. Each
  * core calls a single-threaded sgemm on its own columns of out: one thread
  * pool (OpenMP's) serves the whole program, instead of OpenBLAS's threads and
- * ours spinning against each other on the same cores. */
+ * ours spinning against each other on the same cores. Here one core waits
+ * for the other too (18% of sgemm's time in a prefill of 960 tokens), but
+ * sharing chunks as above made that prefill slower, by 1.3x (chunks of 32
+ * columns) to 1.6x (128 columns; not explained). */
 #define KVT_SGEMM_ROWS 32 /* from this many rows on, sgemm (measured: --bench matmul, README) */
 static void matmul_sgemm_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
 #pragma omp parallel
