@@ -1178,13 +1178,12 @@ static void matmul_rows_part_cpu(float *out, const float *x, const float *w, int
  * number past the part's end knows the part is done), so each runs once.
  *
  * Why not `omp for schedule(static)`, an equal part each and no more: on the
- * 2-core VM one core then waited for the other at the end of every matmul:
+ * 2-core VM one core then waited for the other at the end of every matmul,
  * 23% to 27% of the call's time for decode on the 110M shape's smaller
- * weights (the two cores' speed varies from call to call; neither is
- * always the slower). Nor schedule(dynamic): it
- * deals the chunks out in turn, so each core's stream of rows breaks at every
- * chunk (and its prefetch of the next rows asks for the other core's);
- * measured slower than static. */
+ * weights (the two cores' speed varies from call to call; neither is always
+ * the slower). Nor schedule(dynamic): it deals the chunks out in turn, so
+ * each core's stream of rows breaks at every chunk (and its prefetch of the
+ * next rows asks for the other core's); measured slower than static. */
 #define KVT_CPU_THREADS 64 /* most cores a matmul shares its chunks among (one counter each) */
 typedef struct {
     int *taken; /* chunks taken from each part, shared; zeroed before the parallel region */

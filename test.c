@@ -130,8 +130,8 @@ static void test_matmul(int gpu) {
                  * leftovers), k not a multiple of 16, d not a multiple of 4 */
         for (int n = 1; n <= 17; n++) test_matmul_one(0, "cpu tile loop", matmul_rows_cpu, n, 19 + 14 * n, 3 + 5 * n);
         test_matmul_one(0, "cpu tile loop", matmul_rows_cpu, 3, 7, 5); /* k < 16: leftovers only */
-        /* 42 chunks of 24 rows (the last one 19), parts of 21 chunks per core
-         * with 2 cores: every chunk must be computed by some core, once */
+        /* 42 chunks of 24 rows (the last one 19), a part of 21 chunks per core
+         * with 2 cores: a chunk no core claims leaves its outputs unwritten */
         test_matmul_one(0, "cpu tile loop, shared in chunks", matmul_rows_cpu, 1, 1001, 1003);
         test_matmul_one(0, "cpu tile loop, shared in chunks", matmul_rows_cpu, 4, 1001, 1003);
         test_matmul_one(0, "cpu sgemm split over the cores", matmul_sgemm_cpu, 40, 300, 130);
