@@ -1171,45 +1171,24 @@ static void matmul_rows_part_cpu(float *out, const float *x, const float *w, int
         }
     }
 }
-/* Work sharing for the matmuls on the CPU: nch chunks of work (rows of w),
- * cut into one part of consecutive chunks per core. Each core runs its own
- * part front to back, then takes the untaken chunks of the next parts. A
- * chunk is claimed by adding 1 to its part's counter (a core that gets a
- * number past the part's end knows the part is done), so each runs once.
+/* All tiles, on all cores. The rows of w are cut into chunks of about
+ * KVT_CHUNK_BYTES (whole tiles), and the chunks into one part of consecutive
+ * chunks per core. Each core streams its own part front to back, then takes
+ * the untaken chunks of the other parts. A chunk is claimed by adding 1 to
+ * its part's counter (a core that gets a number past the part's end knows the
+ * part is done), so each chunk runs once.
  *
  * Why not `omp for schedule(static)`, an equal part each and no more: on the
  * 2-core VM one core then waited for the other at the end of every matmul,
  * 23% to 27% of the call's time for decode on the 110M shape's smaller
  * weights (the two cores' speed varies from call to call; neither is always
- * the slower). Nor schedule(dynamic): it deals the chunks out in turn, so
- * each core's stream of rows breaks at every chunk (and its prefetch of the
- * next rows asks for the other core's); measured slower than static. */
-#define KVT_CPU_THREADS 64 /* most cores a matmul shares its chunks among (one counter each) */
-typedef struct {
-    int *taken; /* chunks taken from each part, shared; zeroed before the parallel region */
-    int nch, nt, id, r; /* chunks; cores; this core; parts this core has finished */
-} kvt_claims;
-static kvt_claims claims_start(int *taken, int nch) {
-    int nt = omp_get_num_threads() < KVT_CPU_THREADS ? omp_get_num_threads() : KVT_CPU_THREADS;
-    int id = omp_get_thread_num();
-    kvt_claims c = {taken, nch, nt, id, id < nt ? 0 : nt}; /* cores past KVT_CPU_THREADS: no chunks */
-    return c;
-}
-static int claim_next(kvt_claims *cl) { /* the next chunk for this core, or -1: all done */
-    for (; cl->r < cl->nt; cl->r++) { /* its own part first, then the others' */
-        int part = (cl->id + cl->r) % cl->nt, c;
-        int c0 = (int)((long)cl->nch * part / cl->nt), c1 = (int)((long)cl->nch * (part + 1) / cl->nt);
-#pragma omp atomic capture
-        c = cl->taken[part]++;
-        if (c0 + c < c1) return c0 + c;
-    }
-    return -1;
-}
-/* All tiles, on all cores: chunks of about KVT_CHUNK_BYTES of weights, a
- * whole number of tiles. Measured on the 2-core VM against an equal half
- * each: decode at 0.90 of a paired read pass instead of 0.85 (medians of 5);
- * chunks of 48 or 192 KB were no better. */
+ * the slower); decode gave 0.85 of a paired read pass, 0.90 with this
+ * (medians of 5; chunks of 48 or 192 KB were no better). Nor
+ * schedule(dynamic): it deals the chunks out in turn, so each core's stream
+ * of rows breaks at every chunk (and its prefetch of the next rows asks for
+ * the other core's); measured slower than static. */
 #define KVT_CHUNK_BYTES 98304
+#define KVT_CPU_THREADS 64 /* most cores that share a matmul's chunks (one counter each) */
 static void matmul_rows_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
     if ((long)n * d * k <= 100000) { /* too small to share */
         matmul_rows_part_cpu(out, x, w, n, k, d, 0, d);
@@ -1217,12 +1196,22 @@ static void matmul_rows_cpu(float *out, const float *x, const float *w, int n, i
     }
     int rows = 4 * (int)(KVT_CHUNK_BYTES / (16L * k)); /* whole tiles of 4 rows, at most the chunk's bytes */
     if (rows < 4) rows = 4;
-    int nch = kvt_cdiv(d, rows), taken[KVT_CPU_THREADS] = {0};
+    int nch = kvt_cdiv(d, rows), taken[KVT_CPU_THREADS] = {0}; /* chunks taken from each part */
 #pragma omp parallel
     {
-        kvt_claims cl = claims_start(taken, nch);
-        for (int c; (c = claim_next(&cl)) >= 0;)
-            matmul_rows_part_cpu(out, x, w, n, k, d, c * rows, (c + 1) * rows < d ? (c + 1) * rows : d);
+        int nt = omp_get_num_threads() < KVT_CPU_THREADS ? omp_get_num_threads() : KVT_CPU_THREADS;
+        int id = omp_get_thread_num();
+        for (int r = 0; id < nt && r < nt; r++) { /* its own part first, then the others' */
+            int part = (id + r) % nt, c0 = (int)((long)nch * part / nt), c1 = (int)((long)nch * (part + 1) / nt);
+            for (;;) {
+                int c;
+#pragma omp atomic capture
+                c = taken[part]++;
+                if (c0 + c >= c1) break;
+                int j0 = (c0 + c) * rows;
+                matmul_rows_part_cpu(out, x, w, n, k, d, j0, j0 + rows < d ? j0 + rows : d);
+            }
+        }
     }
 }
 /* Prefill: OpenBLAS's sgemm, which blocks for every cache level and beats the
