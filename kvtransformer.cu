@@ -1679,27 +1679,57 @@ static inline __attribute__((always_inline)) void kv_prefetch_row(const kvt_kv *
         for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
     for (size_t b = 0; b < scale_bytes; b += 64) __builtin_prefetch(sp + b);
 }
+/* The sums of V (pass 2 of the CPU attention, §12) read rows already in
+ * cache, so the memory would sit idle while they run. A decode row's pass 2
+ * therefore asks for the next tile's K rows as it goes: `per` cache lines
+ * for every V row it adds, in address order, through a cursor over the next
+ * tile's runs of K rows (one run per chunk, each run's rows side by side).
+ * Asked for all at once, 1/NKV of them between two heads, the hints were
+ * no help: a core keeps about 22 lines in flight (README) and drops hints
+ * past that. fp32 only: it has the most bytes per row to wait for, and
+ * neither fp16 (within the noise) nor int8 (bound by its arithmetic: 1.16x
+ * slower) gained from it (README). */
+typedef struct {
+    const char *p, *end; /* the next line to ask for (NULL: done), the end of its run */
+    int run, nrun, per;  /* p's run; the runs; lines per V row */
+    const char *from[KVT_ATTN_TILE], *to[KVT_ATTN_TILE]; /* each run's bytes */
+} kv_ask;
+static inline __attribute__((always_inline)) void kv_ask_lines(kv_ask *a) {
+    for (int q = 0; q < a->per && a->p; q++) {
+        __builtin_prefetch(a->p);
+        a->p += 64;
+        if (a->p >= a->end) { /* on to the next run, if any */
+            a->run++;
+            a->p = a->run < a->nrun ? a->from[a->run] : NULL;
+            a->end = a->run < a->nrun ? a->to[a->run] : NULL;
+        }
+    }
+}
 /* acc[0 .. NB * KVT_VEC) += sum_j w[j] * (the same channels of row j), row j
  * at element i + j * KVD. The NB running sums stay in registers across all n
  * rows, and each row's NB vectors are read together: whole cache lines, in
  * the order they lie. NB and dtype are constants at each call site: the
- * compiler makes one copy of the loop per pair. */
+ * compiler makes one copy of the loop per pair. ask (or NULL): lines to ask
+ * for, a few per row (kv_ask above). */
 static inline __attribute__((always_inline)) void kv_axpy_cols_cpu(float *acc, const void *data, int dtype,
-                                                                  const float *w, size_t i, size_t KVD, int n, int NB) {
+                                                                  const float *w, size_t i, size_t KVD, int n, int NB,
+                                                                  kv_ask *ask) {
     kvt_vec a[4];
     for (int b = 0; b < NB; b++) a[b] = vec_load(acc + b * KVT_VEC);
-    for (int j = 0; j < n; j++, i += KVD)
+    for (int j = 0; j < n; j++, i += KVD) {
+        if (ask) kv_ask_lines(ask);
         for (int b = 0; b < NB; b++) a[b] += w[j] * kv_load_vec_cpu(data, dtype, i + b * KVT_VEC);
+    }
     for (int b = 0; b < NB; b++) memcpy(acc + b * KVT_VEC, &a[b], sizeof(a[b]));
 }
 /* The same for the cache's type: one copy of the loop per type (and per NB,
  * a constant at each call site). */
 static inline __attribute__((always_inline)) void kv_axpy_cols_kv_cpu(const kvt_kv *kv, float *acc, const float *w,
-                                                                     size_t i, int n, int NB) {
+                                                                     size_t i, int n, int NB, kv_ask *ask) {
     size_t KVD = (size_t)kv->NKV * kv->HS;
-    if (kv->dtype == KVT_FP32) kv_axpy_cols_cpu(acc, kv->data, KVT_FP32, w, i, KVD, n, NB);
-    else if (kv->dtype == KVT_FP16) kv_axpy_cols_cpu(acc, kv->data, KVT_FP16, w, i, KVD, n, NB);
-    else kv_axpy_cols_cpu(acc, kv->data, KVT_INT8, w, i, KVD, n, NB);
+    if (kv->dtype == KVT_FP32) kv_axpy_cols_cpu(acc, kv->data, KVT_FP32, w, i, KVD, n, NB, ask);
+    else if (kv->dtype == KVT_FP16) kv_axpy_cols_cpu(acc, kv->data, KVT_FP16, w, i, KVD, n, NB, ask);
+    else kv_axpy_cols_cpu(acc, kv->data, KVT_INT8, w, i, KVD, n, NB, ask);
 }
 /* acc (HS) += sum_j wgt[j] * V row j, for the n rows of a tile (row j at
  * element i + j * KVD; int8: its scales from si + j * KVD / G), KVT_AXPY
@@ -1708,9 +1738,11 @@ static inline __attribute__((always_inline)) void kv_axpy_cols_kv_cpu(const kvt_
  * apart in the 110M shape) again for every 8 floats of each, took 1.15x as
  * long for fp32 in cache on the AMD machine (README). int8: the weight times
  * the row's scale of these channels, so a block must lie in one group
- * (KVT_AXPY divides G); otherwise row by row, by the spec. */
+ * (KVT_AXPY divides G); otherwise row by row, by the spec. ask (or NULL):
+ * the lines to ask for meanwhile (kv_ask). */
 #define KVT_AXPY 32 /* channels per block: 4 vectors with AVX2, 2 with AVX-512 */
-static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, size_t i, size_t si, int n) {
+static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, size_t i, size_t si, int n,
+                                    kv_ask *ask) {
     int HS = kv->HS, int8 = kv->dtype == KVT_INT8, G = int8 ? kv->G : HS; /* fp32, fp16: one "group", unscaled */
     size_t KVD = (size_t)kv->NKV * HS, row_scales = (size_t)kv->NKV * kv->HG;
     const float *sc = int8 ? kv->scales + si : NULL; /* row j's scales: j * row_scales further */
@@ -1727,8 +1759,9 @@ static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *w
             wc = w;
         }
         for (int c = g; c < g + G; c += step) {
-            if (step == KVT_AXPY) kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, KVT_AXPY / KVT_VEC);
-            else kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, 1);
+            kv_ask *a = c == 0 ? ask : NULL; /* the asking rides along the first block of channels */
+            if (step == KVT_AXPY) kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, KVT_AXPY / KVT_VEC, a);
+            else kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, 1, a);
         }
     }
 }
@@ -1909,6 +1942,36 @@ static inline float tile_sum_cpu(float *s, int n) {
 }
 KVT_STATIC_ASSERT(KVT_ATTN_TILE % KVT_VEC == 0, "the CPU attention tile is whole vectors");
 
+/* A tile: nt consecutive positions from t0, cut into runs where a chunk
+ * ends. Run i is keys at[i] .. at[i+1] - 1 of the tile; inside it, key j + 1's
+ * row is KVD elements after key j's, and its first K row (head 0) is at
+ * element kr[i]. int8: that row's first scale is sr[i]. Returns the runs. */
+static int tile_runs_cpu(const kvt_kv *kv, int l, int tab, int t0, int nt, int *at, size_t *kr, size_t *sr) {
+    int nrun = 0;
+    for (at[0] = 0; at[nrun] < nt; nrun++) {
+        int t = t0 + at[nrun], chunk_end = at[nrun] + kv->CH - t % kv->CH;
+        kr[nrun] = kv_index(kv, l, 0, tab, t, 0);
+        sr[nrun] = kv->scales ? kr[nrun] / (size_t)kv->G : 0;
+        at[nrun + 1] = chunk_end < nt ? chunk_end : nt;
+    }
+    return nrun;
+}
+/* The cursor over the K rows of the tile of nt positions from t0 (kv_ask,
+ * §10), spread over `rows` V rows: per = the lines / rows, rounded up. */
+static void kv_ask_tile(kv_ask *a, const kvt_kv *kv, int l, int tab, int t0, int nt, int rows) {
+    int at[KVT_ATTN_TILE + 1];
+    size_t kr[KVT_ATTN_TILE], sr[KVT_ATTN_TILE], KVD = (size_t)kv->NKV * kv->HS;
+    a->nrun = tile_runs_cpu(kv, l, tab, t0, nt, at, kr, sr);
+    for (int i = 0; i < a->nrun; i++) {
+        a->from[i] = (const char *)kv->data + kvt_dtype_size((kvt_dtype)kv->dtype, kr[i]);
+        a->to[i] = a->from[i] + kvt_dtype_size((kvt_dtype)kv->dtype, (size_t)(at[i + 1] - at[i]) * KVD);
+    }
+    size_t lines = kvt_cdiv((long)kvt_dtype_size((kvt_dtype)kv->dtype, (size_t)nt * KVD), 64);
+    a->per = kvt_cdiv((long)lines, rows);
+    a->run = 0;
+    a->p = a->from[0];
+    a->end = a->to[0];
+}
 /* One work item: the queries of rows [r0, r1) (one sequence), all heads, over
  * the positions of piece sp. A tile is read in two passes:
  *  1. the scores of every query (row, head), position by position: a
@@ -1918,7 +1981,8 @@ KVT_STATIC_ASSERT(KVT_ATTN_TILE % KVT_VEC == 0, "the CPU attention tile is whole
  *     dot products at a time (kv_dots_cpu): four queries of one K row, or
  *     in decode (one query per kv head) four kv heads side by side;
  *  2. per kv head, each of its queries' softmax update and weighted sum of V,
- *     the V rows read from cache by now, once for all the block's queries.
+ *     the V rows read from cache by now, once for all the block's queries;
+ *     an fp32 decode row asks for the next tile's K rows meanwhile (kv_ask).
  * Reading K one kv head at a time instead (32 rows of HS values, KVD apart)
  * made the int8 cache no faster than fp32 from memory: 1.45x slower for int8
  * and fp16 (measured, README). */
@@ -1946,23 +2010,16 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
     for (int kh = 0, u = 0; kh < kv->NKV; kh++)
         for (int r = r0; r < r1; r++)
             for (int h = kh * group; h < (kh + 1) * group; h++) qs[u++] = q + ((size_t)r * NH + h) * HS;
-    /* A tile: nt consecutive positions from t0, cut into runs where a chunk
-     * ends. Run i is keys at[i] .. at[i+1] - 1 of the tile; inside it, key
-     * j + 1's row is KVD elements after key j's, and its first K row (head 0)
-     * is at element kr[i]. V rows follow the chunk's K rows, voff further.
-     * int8: that row's first scale is sr[i], a row's scales rsc apart, V's
-     * vsoff after K's (no division per key, see kv_dots_cpu). */
+    /* A tile's runs (tile_runs_cpu). V rows follow the chunk's K rows, voff
+     * further; int8: a row's scales rsc apart, V's vsoff after K's (no
+     * division per key, see kv_dots_cpu). */
     int at[KVT_ATTN_TILE + 1], nrun;
     size_t kr[KVT_ATTN_TILE], sr[KVT_ATTN_TILE], voff = (size_t)kv->CH * KVD;
     size_t rsc = (size_t)kv->NKV * kv->HG, vsoff = (size_t)kv->CH * rsc;
+    kv_ask ask; /* a decode row's pass 2 asks for the next tile's K rows (kv_ask, §10) */
     for (int t0 = t_begin, nt; t0 < t_end; t0 += nt) {
         nt = t_end - t0 < KVT_ATTN_TILE ? t_end - t0 : KVT_ATTN_TILE;
-        for (nrun = 0, at[0] = 0; at[nrun] < nt; nrun++) {
-            int t = t0 + at[nrun], chunk_end = at[nrun] + kv->CH - t % kv->CH;
-            kr[nrun] = kv_index(kv, l, 0, tab, t, 0);
-            sr[nrun] = kv->scales ? kr[nrun] / (size_t)kv->G : 0;
-            at[nrun + 1] = chunk_end < nt ? chunk_end : nt;
-        }
+        nrun = tile_runs_cpu(kv, l, tab, t0, nt, at, kr, sr);
         /* pass 1: key j's scores, already scaled, for every query of the
          * block (also a row's future keys in its last tile, cached by this
          * forward and skipped by pass 2: simpler than a mask here) */
@@ -1979,6 +2036,8 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
                                     &scores[kh * n][j], KVT_ATTN_TILE);
             }
         /* pass 2: per kv head, its queries' softmax updates and sums of V */
+        int t1 = t0 + nt, ask_on = r1 - r0 == 1 && kv->dtype == KVT_FP32 && t1 < t_end; /* decode, a next tile */
+        if (ask_on) kv_ask_tile(&ask, kv, l, tab, t1, t_end - t1 < KVT_ATTN_TILE ? t_end - t1 : KVT_ATTN_TILE, NH * nt);
         for (int kh = 0, u = 0; kh < kv->NKV; kh++) {
             size_t off = (size_t)kh * HS; /* kv head kh's rows */
             for (int r = r0; r < r1; r++) {
@@ -2003,7 +2062,7 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
                     pp[1] += tile_sum_cpu(s, nk);
                     for (int i = 0; i < nrun && at[i] < nk; i++)
                         kv_rows_axpy_cpu(kv, pp + 2, s + at[i], kr[i] + voff + off, sr[i] + vsoff + (size_t)kh * kv->HG,
-                                         (at[i + 1] < nk ? at[i + 1] : nk) - at[i]);
+                                         (at[i + 1] < nk ? at[i + 1] : nk) - at[i], ask_on ? &ask : NULL);
                 }
             }
         }
