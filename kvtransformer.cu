@@ -1966,11 +1966,11 @@ static void kv_ask_tile(kv_ask *a, const kvt_kv *kv, int l, int tab, int t0, int
         a->from[i] = (const char *)kv->data + kvt_dtype_size((kvt_dtype)kv->dtype, kr[i]);
         a->to[i] = a->from[i] + kvt_dtype_size((kvt_dtype)kv->dtype, (size_t)(at[i + 1] - at[i]) * KVD);
     }
-    size_t lines = kvt_cdiv((long)kvt_dtype_size((kvt_dtype)kv->dtype, (size_t)nt * KVD), 64);
+    size_t lines = kvt_cdiv((long)kvt_dtype_size((kvt_dtype)kv->dtype, (size_t)at[a->nrun] * KVD), 64);
     a->per = kvt_cdiv((long)lines, rows);
     a->run = 0;
-    a->p = a->from[0];
-    a->end = a->to[0];
+    a->p = a->nrun > 0 ? a->from[0] : NULL;
+    a->end = a->nrun > 0 ? a->to[0] : NULL;
 }
 /* One work item: the queries of rows [r0, r1) (one sequence), all heads, over
  * the positions of piece sp. A tile is read in two passes:
@@ -2016,7 +2016,7 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
     int at[KVT_ATTN_TILE + 1], nrun;
     size_t kr[KVT_ATTN_TILE], sr[KVT_ATTN_TILE], voff = (size_t)kv->CH * KVD;
     size_t rsc = (size_t)kv->NKV * kv->HG, vsoff = (size_t)kv->CH * rsc;
-    kv_ask ask; /* a decode row's pass 2 asks for the next tile's K rows (kv_ask, §10) */
+    kv_ask ask; /* an fp32 decode row's pass 2 asks for the next tile's K rows (kv_ask, §10) */
     for (int t0 = t_begin, nt; t0 < t_end; t0 += nt) {
         nt = t_end - t0 < KVT_ATTN_TILE ? t_end - t0 : KVT_ATTN_TILE;
         nrun = tile_runs_cpu(kv, l, tab, t0, nt, at, kr, sr);
