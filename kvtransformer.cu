@@ -1690,19 +1690,16 @@ static inline __attribute__((always_inline)) void kv_prefetch_row(const kvt_kv *
  * neither fp16 (within the noise) nor int8 (bound by its arithmetic: 1.16x
  * slower) gained from it (README). */
 typedef struct {
-    const char *p, *end; /* the next line to ask for (NULL: done), the end of its run */
-    int run, nrun, per;  /* p's run; the runs; lines per V row */
+    const char *p;      /* the next line to ask for (NULL: done) */
+    int run, nrun, per; /* p's run; the runs; lines per V row */
     const char *from[KVT_ATTN_TILE], *to[KVT_ATTN_TILE]; /* each run's bytes */
 } kv_ask;
 static inline __attribute__((always_inline)) void kv_ask_lines(kv_ask *a) {
     for (int q = 0; q < a->per && a->p; q++) {
         __builtin_prefetch(a->p);
         a->p += 64;
-        if (a->p >= a->end) { /* on to the next run, if any */
-            a->run++;
-            a->p = a->run < a->nrun ? a->from[a->run] : NULL;
-            a->end = a->run < a->nrun ? a->to[a->run] : NULL;
-        }
+        if (a->p >= a->to[a->run]) /* on to the next run, if any */
+            a->p = ++a->run < a->nrun ? a->from[a->run] : NULL;
     }
 }
 /* acc[0 .. NB * KVT_VEC) += sum_j w[j] * (the same channels of row j), row j
@@ -1970,7 +1967,6 @@ static void kv_ask_tile(kv_ask *a, const kvt_kv *kv, int l, int tab, int t0, int
     a->per = kvt_cdiv((long)lines, rows);
     a->run = 0;
     a->p = a->nrun > 0 ? a->from[0] : NULL;
-    a->end = a->nrun > 0 ? a->to[0] : NULL;
 }
 /* One work item: the queries of rows [r0, r1) (one sequence), all heads, over
  * the positions of piece sp. A tile is read in two passes:
