@@ -127,8 +127,8 @@ ifneq ($(HAVE_BLAS),yes)
 	fi
 endif
 
-# kvtransformer.cu includes cli/tokenizer.c (§16), bench/bench.c (§19) and cli/cli.c (§20): one program.
-SRCS = kvtransformer.cu kvtransformer.h bench/bench.c cli/cli.c cli/tokenizer.c
+# kvtransformer.cu includes cli/*.c (the end of §4 and of §15, §16-§18, §20) and bench/bench.c (§19): one program.
+SRCS = kvtransformer.cu kvtransformer.h bench/bench.c $(wildcard cli/*.c)
 
 kvt: $(SRCS) Makefile
 	$(COMPILE) kvtransformer.cu -o $@ $(LIBS) $(LINKX)

@@ -22,6 +22,9 @@
  *   §8  rmsnorm                           §18 checks (compare two arrays)
  *   §9  matmul (tiles/sgemm; 2 kernels)   §19 benchmarks
  *   §10 rope, kv write (+ quantize)       §20 command line
+ * (§16-§20, the random model at the end of §4 and the pool printer at the
+ * end of §15 are the harness around the lesson: files in cli/ and bench/,
+ * included in their place, so it is still one compile.)
  *
  * Dimensions: L layers, D model dim, NH query heads, NKV kv heads, HS head size,
  *   KVD = NKV*HS, HD FFN hidden, V vocab, T positions so far, TMAX max positions,
@@ -122,33 +125,6 @@ static kvt_status kvt_open_read(FILE **f, const char *path, const char *what) {
         *f = NULL;
         return kvt_fail(KVT_EIO, "cannot read %s '%s': it is a directory", what, path);
     }
-    return KVT_OK;
-}
-/* A whole file into memory (+ a NUL), read in pieces: no size is assumed, so
- * pipes and /proc files work too (their size is unknown until the end). */
-static kvt_status kvt_read_file(const char *path, const char *what, char **text, size_t *len) {
-    FILE *f;
-    kvt_status st = kvt_open_read(&f, path, what);
-    size_t cap = 1 << 16, n = 0;
-    *text = NULL;
-    *len = 0;
-    if (st != KVT_OK) return st;
-    char *buf = (char *)malloc(cap + 1);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap) break; /* the end of the file, or an error (ferror below) */
-        char *grown = cap <= SIZE_MAX / 4 ? (char *)realloc(buf, 2 * cap + 1) : NULL;
-        if (!grown) { free(buf); buf = NULL; break; }
-        buf = grown;
-        cap *= 2;
-    }
-    if (!buf) st = kvt_fail(KVT_ENOMEM, "host out of memory reading %s '%s' (more than %zu bytes)", what, path, n);
-    else if (ferror(f)) st = kvt_fail(KVT_EIO, "cannot read %s '%s': %s", what, path, strerror(errno));
-    fclose(f);
-    if (st != KVT_OK) { free(buf); return st; }
-    buf[n] = '\0';
-    *text = buf;
-    *len = n;
     return KVT_OK;
 }
 /* Sizes. A buffer's size is a product of numbers a user picked (TMAX, V, --fork,
@@ -648,86 +624,10 @@ kvt_status kvt_model_load(kvt_model *m, const char *path) {
     return KVT_OK;
 }
 
-/* xorshift64*: a tiny, fixed random generator (same numbers on every machine). */
-/* (Not rand(): its sequence differs between C libraries, and the tests' random
- * models must be the same everywhere.) */
-static uint64_t kvt_rng_u64(uint64_t *s) {
-    *s ^= *s >> 12; *s ^= *s << 25; *s ^= *s >> 27;
-    return *s * 0x2545F4914F6CDD1DULL;
-}
-static float kvt_rng_f32(uint64_t *s) { /* uniform in [0, 1) */
-    return (float)(kvt_rng_u64(s) >> 40) / 16777216.0f;
-}
-/* x[i] = offset + scale * u, u uniform in [-1, 1), one stream in order. */
-static void kvt_fill_uniform(float *x, size_t n, float scale, float offset, uint64_t *s) {
-    for (size_t i = 0; i < n; i++) x[i] = offset + scale * (2.0f * kvt_rng_f32(s) - 1.0f);
-}
-
-/* splitmix64's output function: any 64-bit input, a well-mixed output. Neighbour
- * inputs (block 7, block 8) give unrelated generator states. */
-static uint64_t kvt_mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-/* Fill tensor number `tensor` of a random model, in parallel. One xorshift
- * stream over 6 billion floats (a 7B shape) takes minutes on one core, and a
- * stream cannot be split. So the tensor is cut into blocks of KVT_FILL_BLOCK
- * floats, each with its own generator seeded from (seed, tensor, block): the
- * blocks fill on all cores, and the values do not depend on how many there are. */
-#define KVT_FILL_BLOCK 65536
-static void kvt_fill_tensor(float *x, size_t n, float scale, float offset, uint64_t seed, int tensor) {
-    long n_blocks = (long)((n + KVT_FILL_BLOCK - 1) / KVT_FILL_BLOCK);
-    uint64_t base = kvt_mix64(kvt_mix64(seed) + (uint64_t)tensor);
-#pragma omp parallel for schedule(static)
-    for (long b = 0; b < n_blocks; b++) {
-        size_t i0 = (size_t)b * KVT_FILL_BLOCK, len = n - i0 < KVT_FILL_BLOCK ? n - i0 : KVT_FILL_BLOCK;
-        uint64_t s = kvt_mix64(base + (uint64_t)b);
-        if (s == 0) s = 1; /* xorshift's one stuck state */
-        kvt_fill_uniform(x + i0, len, scale, offset, &s);
-    }
-}
-
-/* A prompt of n deterministic token ids (for random models and benchmarks). */
-static void kvt_fake_tokens(int *t, int n, int V) {
-    uint64_t s = 12345;
-    for (int i = 0; i < n; i++) t[i] = (int)(kvt_rng_u64(&s) % (uint64_t)V);
-}
-
-/* A random model: weights uniform in +-1/sqrt(fan_in) (activations keep their
- * size through the layers), norm weights near 1, and a classifier scaled up so
- * that logits are spread out (std ~5): greedy decoding then has clear winners,
- * which the cache on/off equality tests rely on. */
-kvt_status kvt_model_random(kvt_model *m, kvt_config c, uint64_t seed) {
-    memset(m, 0, sizeof(*m));
-    kvt_status st = kvt_config_check(&c);
-    if (st != KVT_OK) return st;
-    int shared = c.vocab_size > 0;
-    c.vocab_size = abs(c.vocab_size);
-    st = kvt_model_setup(m, c, shared);
-    if (st != KVT_OK) return st;
-    size_t D = (size_t)c.dim, HD = (size_t)c.hidden_dim, L = (size_t)c.n_layers, V = (size_t)c.vocab_size;
-    size_t KVD = (size_t)m->kv_dim, HS = (size_t)m->head_size;
-    float sd = 1.0f / sqrtf((float)D), sh = 1.0f / sqrtf((float)HD);
-    kvt_weights *w = &m->w;
-    /* each tensor has a fixed number (its place in the checkpoint), so a seed
-     * always gives the same model */
-    kvt_fill_tensor(w->token_embedding, V * D, 1.0f, 0.0f, seed, 0);
-    kvt_fill_tensor(w->rms_att, L * D, 0.1f, 1.0f, seed, 1);
-    kvt_fill_tensor(w->wq, L * D * D, sd, 0.0f, seed, 2);
-    kvt_fill_tensor(w->wk, L * KVD * D, sd, 0.0f, seed, 3);
-    kvt_fill_tensor(w->wv, L * KVD * D, sd, 0.0f, seed, 4);
-    kvt_fill_tensor(w->wo, L * D * D, sd, 0.0f, seed, 5);
-    kvt_fill_tensor(w->rms_ffn, L * D, 0.1f, 1.0f, seed, 6);
-    kvt_fill_tensor(w->w1, L * HD * D, sd, 0.0f, seed, 7);
-    kvt_fill_tensor(w->w2, L * D * HD, sh, 0.0f, seed, 8);
-    kvt_fill_tensor(w->w3, L * HD * D, sd, 0.0f, seed, 9);
-    kvt_fill_tensor(w->rms_final, D, 0.1f, 1.0f, seed, 10);
-    memset(w->rms_final + D, 0, (size_t)c.seq_len * HS * sizeof(float)); /* the unused RoPE tables */
-    if (!shared) kvt_fill_tensor(w->wcls, V * D, 8.0f * sd, 0.0f, seed, 11);
-    return KVT_OK;
-}
+/* The random model that --random, the tests and the benchmarks build (a
+ * fixed generator, weights of a sensible size for any shape, filled on all
+ * cores) is in cli/random_model.c, included here. */
+#include "cli/random_model.c"
 
 void kvt_model_free(kvt_model *m) {
     free(m->data);
@@ -2568,58 +2468,6 @@ kvt_status kvt_seq_fork(kvt_engine *e, kvt_seq *dst, const kvt_seq *src) {
     e->pool.shared_hits += src->n_table;
     return KVT_OK;
 }
-
-/* The engine's live sequences as an array (NULL when there are none): the
- * form kvt_pool_check and kvt_pool_print_seqs take. */
-static const kvt_seq **live_array(kvt_engine *e, int *n) {
-    *n = 0;
-    for (const kvt_seq *s = e->live; s; s = s->live_next) (*n)++;
-    const kvt_seq **a = *n ? (const kvt_seq **)kvt_malloc((size_t)*n * sizeof(*a)) : NULL;
-    int i = 0;
-    for (const kvt_seq *s = e->live; s; s = s->live_next) a[i++] = s;
-    return a;
-}
-/* The markers kvt_pool_print shows are bookkeeping too: each is 0, 'c' or
- * '+', and a '+' entry (attached by prefix reuse) is a full chunk whose
- * prefix hash is still set (a hash is cleared only when the chunk is freed). */
-static kvt_status seq_marks_check(const kvt_pool *p, const kvt_seq *s) {
-    for (int j = 0; j < s->n_table; j++) {
-        char h = s->how[j];
-        int c = s->table[j];
-        if (h != 0 && h != 'c' && h != '+')
-            return kvt_fail(KVT_EPOOL, "pool check: sequence %d, table entry %d: unknown marker %d", s->id, j, h);
-        if (h == '+' && c >= 0 && ((j + 1) * p->CH > s->len || p->prefix_hash[c] == 0))
-            return kvt_fail(KVT_EPOOL, "pool check: sequence %d, table entry %d (chunk %d) was attached by prefix "
-                            "reuse but is not a full chunk with a prefix hash", s->id, j, c);
-    }
-    return KVT_OK;
-}
-
-/* Consistency of the pool given all live sequences: every chunk's refcount is
- * the number of tables that hold it, and no chunk is both free and held. */
-kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
-    kvt_pool *p = &e->pool;
-    const kvt_seq **all = NULL;
-    if (!seqs) seqs = all = live_array(e, &n_seqs); /* the engine's own list (NULL when empty: no entries read) */
-    int *refs = (int *)calloc((size_t)p->n_chunks, sizeof(int)), bad = -1;
-    kvt_status st = refs ? KVT_OK : kvt_fail(KVT_ENOMEM, "host out of memory (pool check)");
-    if (st == KVT_OK) {
-        for (int i = 0; i < n_seqs; i++)
-            for (int j = 0; j < seqs[i]->n_table; j++) refs[seqs[i]->table[j]]++;
-        for (int i = 0; i < p->n_free; i++) refs[p->free_list[i]] += 1 << 20; /* a free chunk held too shows up */
-        for (int c = 0; c < p->n_chunks && bad < 0; c++)
-            if (refs[c] != (p->refcount[c] == 0 ? 1 << 20 : p->refcount[c])) bad = c;
-    }
-    if (bad >= 0)
-        st = kvt_fail(KVT_EPOOL, "pool check: chunk %d has refcount %d but %d table references%s", bad,
-                      p->refcount[bad], refs[bad] % (1 << 20),
-                      refs[bad] >= (1 << 20) ? " and is on the free list" : "");
-    for (int i = 0; i < n_seqs && st == KVT_OK; i++) st = seq_marks_check(p, seqs[i]);
-    free(refs);
-    free(all);
-    return st;
-}
-
 /* How the fused attention cuts positions 0..max_pos into pieces. */
 static void attn_split(const kvt_engine *e, int max_pos, int n_rows, int *split_len, int *nsplit) {
     int T = max_pos + 1, len = e->o.split_len;
@@ -2827,148 +2675,11 @@ kvt_status kvt_step(kvt_engine *e, kvt_seq *s, const int *history, int n_hist, f
     return kvt_forward(e, s, history + s->len, n_hist - s->len, logits, 0);
 }
 
-/* Memory figures for --stats and the tests. A chunk held by several
- * sequences (fork, prefix reuse) counts once in bytes_used and once per
- * holder in bytes_unshared: the difference is what sharing saves. A chunk's
- * unused slots are CH minus the most positions any holder wrote into it. */
-/* Bits the cache spends per value (int8: + one float scale per group of G),
- * and so bytes per chunk: what --stats and --trace both count. */
-static double pool_bits_per_value(const kvt_pool *p) {
-    return (double)kvt_dtype_bits(p->dtype) + (p->scales ? 32.0 / p->G : 0.0);
-}
-void kvt_cache_usage_of(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs, kvt_cache_usage *u) {
-    kvt_pool *p = &e->pool;
-    int *fill = (int *)calloc((size_t)p->n_chunks, sizeof(int)); /* positions written into each chunk */
-    KVT_ASSERT(fill);
-    long tables = 0;
-    for (int i = 0; i < n_seqs; i++) {
-        const kvt_seq *s = seqs[i];
-        tables += s->n_table;
-        for (int j = 0; j < s->n_table; j++) {
-            int f = s->len - j * p->CH < p->CH ? s->len - j * p->CH : p->CH;
-            if (f < 1) f = 1; /* reserved, not yet written: still counts as held */
-            if (f > fill[s->table[j]]) fill[s->table[j]] = f;
-        }
-    }
-    memset(u, 0, sizeof(*u));
-    for (int c = 0; c < p->n_chunks; c++)
-        if (fill[c]) { u->chunks_used++; u->slots_unused += p->CH - fill[c]; }
-    free(fill);
-    u->bits_per_value = pool_bits_per_value(p);
-    double chunk_bytes = (double)p->chunk_elems * u->bits_per_value / 8.0;
-    u->slots_allocated = (long)u->chunks_used * p->CH;
-    u->bytes_used = chunk_bytes * u->chunks_used;
-    u->bytes_unshared = chunk_bytes * (double)tables;
-}
-
-/* The pool as text (the format is in kvtransformer.h): what --trace prints
- * after each forward call, and what `call kvt_pool_print(stdout, e)` shows in
- * gdb. It reads only the host's bookkeeping (refcounts, free list, tables,
- * markers), which stays on the host whichever device holds the chunks' data,
- * so it works in every build, mid-forward too. */
-#define KVT_POOL_ROW 64    /* chunks per row of the pool's map */
-#define KVT_POOL_DRAWN 512 /* chunks drawn; a larger pool's rest is counted, not drawn */
-
-void kvt_pool_legend(FILE *f) {
-    fprintf(f, "legend: seq N [ its chunk table, in order ] len T; an entry is a chunk id, then\n"
-               "  * shared (refcount > 1), then c copied on write or + attached by prefix reuse;\n"
-               "  (f/CH) the last chunk holds f of CH positions; pool: one character per chunk,\n"
-               "  . free, # held by one table, * shared; saves: (table entries - chunks in use)\n");
-    fflush(f);
-}
-/* seq 1 [ 0* 3c 7+ (2/4) ] len 14 */
-static void pool_print_seq(FILE *f, const kvt_pool *p, const kvt_seq *s) {
-    fprintf(f, "seq %d [", s->id);
-    for (int j = 0; j < s->n_table; j++) {
-        int c = s->table[j], h = s->how[j];
-        if (c < 0) { fprintf(f, " -"); continue; } /* an entry that holds no chunk */
-        fprintf(f, " %d%s%s", c, p->refcount[c] > 1 ? "*" : "", h == 'c' ? "c" : h == '+' ? "+" : "");
-    }
-    /* Positions in the last chunk. Below 0 only in a debugger, mid-forward:
-     * chunks are taken before the call and len grows after it (§15). */
-    int fill = s->len - (s->n_table - 1) * p->CH;
-    if (s->n_table > 0 && fill < p->CH) fprintf(f, " (%d/%d)", fill > 0 ? fill : 0, p->CH);
-    fprintf(f, " ] len %d\n", s->len);
-}
-/* pool [*##.#...], one character per chunk from its refcount; rows of 64 */
-static void pool_print_map(FILE *f, const kvt_pool *p) {
-    int n = p->n_chunks, drawn = n < KVT_POOL_DRAWN ? n : KVT_POOL_DRAWN, used = 0, shared = 0;
-    char row[KVT_POOL_ROW + 1];
-    for (int r0 = 0; r0 < drawn; r0 += KVT_POOL_ROW) {
-        int k = drawn - r0 < KVT_POOL_ROW ? drawn - r0 : KVT_POOL_ROW;
-        for (int i = 0; i < k; i++) {
-            int rc = p->refcount[r0 + i];
-            row[i] = rc == 0 ? '.' : rc == 1 ? '#' : '*';
-        }
-        row[k] = '\0';
-        fprintf(f, "%s[%s]", r0 ? "     " : "pool ", row);
-        if (n > KVT_POOL_ROW) fprintf(f, " %d..%d", r0, r0 + k - 1); /* which chunks this row shows */
-        fprintf(f, "\n");
-    }
-    if (drawn == n) return;
-    for (int c = drawn; c < n; c++) {
-        used += p->refcount[c] > 0;
-        shared += p->refcount[c] > 1;
-    }
-    fprintf(f, "     + chunks %d..%d not drawn: in use %d, shared %d, free %d\n", drawn, n - 1, used, shared,
-            n - drawn - used);
-}
-/* The totals, from the refcounts alone (not from the tables printed above), so
- * that a sequence missing from the list, or a refcount gone wrong, shows as a
- * difference: every table entry holds one reference, so the entries beyond
- * one per chunk in use are the chunks that sharing saves. "free" is the free
- * list's count: in use + free = the pool, when the bookkeeping is right. */
-static void pool_print_totals(FILE *f, const kvt_pool *p) {
-    int used = 0, shared = 0;
-    long entries = 0;
-    for (int c = 0; c < p->n_chunks; c++) {
-        used += p->refcount[c] > 0;
-        shared += p->refcount[c] > 1;
-        entries += p->refcount[c];
-    }
-    double chunk_bytes = (double)p->chunk_elems * pool_bits_per_value(p) / 8.0;
-    fprintf(f, "totals: in use %d, free %d, shared %d (of %d chunks); %ld table entries: sharing saves %ld x %.0f "
-            "= %.0f bytes\n", used, p->n_free, shared, p->n_chunks, entries, entries - used, chunk_bytes,
-            chunk_bytes * (double)(entries - used));
-}
-
-void kvt_pool_print_seqs(FILE *f, kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
-    const kvt_pool *p = &e->pool;
-    if (!e->o.kv_cache) {
-        fprintf(f, "kv cache off: every step recomputes the whole sequence, so there is no pool to show\n");
-    } else {
-        for (int i = 0; i < n_seqs; i++) pool_print_seq(f, p, seqs[i]);
-        pool_print_map(f, p);
-        pool_print_totals(f, p);
-    }
-    fflush(f); /* in gdb, the text appears at once */
-}
-void kvt_pool_print(FILE *f, kvt_engine *e) {
-    int n;
-    const kvt_seq **all = live_array(e, &n);
-    kvt_pool_print_seqs(f, e, all, n);
-    free(all);
-}
-
-/* Read one cached position back as fp32 (tests and debugging): copy its KVD
- * stored values (and their scales) to the host and decode them with the same
- * kv_load the attention uses. */
-void kvt_cache_read(kvt_engine *e, const kvt_seq *s, int l, int which, int pos, float *out) {
-    kvt_pool *p = &e->pool;
-    KVT_ASSERT(pos >= 0 && pos < s->len && l >= 0 && l < p->L);
-    int KVD = p->NKV * p->HS;
-    kvt_kv kv = kv_view(p, s->table, NULL, NULL, NULL);
-    size_t i = kv_index(&kv, l, which, 0, pos, 0);
-    char raw[KVT_MAX_HS * 4 * 64];
-    float sc[KVT_MAX_HS * 64];
-    KVT_ASSERT(kvt_dtype_size(p->dtype, (size_t)KVD) <= sizeof(raw));
-    buf_download(e->gpu, raw, (char *)p->data + kvt_dtype_size(p->dtype, i), kvt_dtype_size(p->dtype, (size_t)KVD));
-    if (p->scales) buf_download(e->gpu, sc, p->scales + i / p->G, (size_t)(KVD / p->G) * sizeof(float));
-    kvt_kv host = kv; /* the downloaded slot as a tiny cache of its own (i is a multiple of G) */
-    host.data = raw;
-    host.scales = sc;
-    for (int c = 0; c < KVD; c++) out[c] = kv_load(&host, (size_t)c);
-}
+/* The pool seen from outside: the figures of --stats, the text of --trace
+ * (kvt_pool_print, which gdb can call), the pool's consistency check and a
+ * cached position read back as fp32 (the tests): cli/inspect.c, included
+ * here. They read the engine's bookkeeping and change nothing. */
+#include "cli/inspect.c"
 
 // §16 tokenizer --------------------------------------------------------------------
 /* Text to token ids and back: cli/tokenizer.c, included here. It reads
@@ -2976,129 +2687,16 @@ void kvt_cache_read(kvt_engine *e, const kvt_seq *s, int l, int which, int pos, 
  * text, only ids. */
 #include "cli/tokenizer.c"
 
-// §17 sampling -----------------------------------------------------------------------
-/* temperature 0: argmax (greedy, what the tests use). Otherwise softmax(logits / T)
- * and draw; with top-p, draw only among the most likely tokens whose probabilities
- * add up to p (nucleus sampling, Holtzman et al. 2019). Deterministic per seed. */
-struct kvt_prob { float p; int id; };
-int kvt_argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
-    return best;
-}
-/* The seed is spread over the 64 bits (a zero state would stick at zero). */
-void kvt_sampler_init(kvt_sampler *s, int V, float temperature, float topp, uint64_t seed) {
-    s->temperature = temperature;
-    s->topp = topp;
-    s->state = seed * 0x9E3779B97F4A7C15ULL + 0x1234567ULL;
-    s->cand = (struct kvt_prob *)kvt_malloc((size_t)V * sizeof(struct kvt_prob));
-}
-void kvt_sampler_free(kvt_sampler *s) { free(s->cand); s->cand = NULL; }
-
-/* qsort order for top-p: most likely first; equal probabilities by id, so the
- * order (and the draw) is the same on every machine. */
-static int prob_cmp(const void *a, const void *b) { /* descending probability, then id */
-    const struct kvt_prob *x = (const struct kvt_prob *)a, *y = (const struct kvt_prob *)b;
-    if (x->p != y->p) return x->p < y->p ? 1 : -1;
-    return x->id - y->id;
-}
-/* Softmax of (logit - max) / T: every exponent is <= 0, so expf never
- * overflows, however small T is (dividing first, logits / 1e-40 overflowed to
- * inf and inf - inf made NaN). Then one uniform draw u: walk the cumulative
- * distribution until it passes u. With top-p the walk is over the sorted
- * nucleus and u is scaled by the nucleus' mass. A temperature below
- * KVT_MIN_TEMPERATURE is taken as 0 (greedy): --help says so. */
-#define KVT_MIN_TEMPERATURE 1e-6f
-int kvt_sample(kvt_sampler *s, float *logits, int V) {
-    if (s->temperature < KVT_MIN_TEMPERATURE) return kvt_argmax(logits, V);
-    float mx = -INFINITY, sum = 0.0f;
-    for (int i = 0; i < V; i++) mx = fmaxf(mx, logits[i]);
-    for (int i = 0; i < V; i++) { logits[i] = expf((logits[i] - mx) / s->temperature); sum += logits[i]; }
-    for (int i = 0; i < V; i++) logits[i] /= sum;
-    float u = kvt_rng_f32(&s->state);
-    if (s->topp <= 0.0f || s->topp >= 1.0f) { /* plain draw from the whole distribution */
-        float cdf = 0.0f;
-        for (int i = 0; i < V; i++) { cdf += logits[i]; if (u < cdf) return i; }
-        return V - 1;
-    }
-    /* Only tokens with p >= (1 - topp) / (V - 1) can be in the nucleus: all the
-     * others together weigh less than 1 - topp. Sorting just those (a few
-     * dozen, not V = 32000: 5 ms per token, more than the whole decode step of
-     * a small model) gives the same nucleus, in the same order. (The most
-     * likely token is always kept: a nearly flat distribution may have none.) */
-    int nc = 0, best = kvt_argmax(logits, V);
-    float cutoff = (1.0f - s->topp) / (float)(V > 1 ? V - 1 : 1);
-    for (int i = 0; i < V; i++)
-        if (logits[i] >= cutoff || i == best) { s->cand[nc].p = logits[i]; s->cand[nc].id = i; nc++; }
-    qsort(s->cand, (size_t)nc, sizeof(struct kvt_prob), prob_cmp);
-    float mass = 0.0f;
-    int last = nc - 1;
-    for (int i = 0; i < nc; i++) { mass += s->cand[i].p; if (mass > s->topp) { last = i; break; } }
-    float cdf = 0.0f;
-    for (int i = 0; i <= last; i++) { cdf += s->cand[i].p; if (u * mass < cdf) return s->cand[i].id; }
-    return s->cand[last].id;
-}
+/* temperature 0: argmax (greedy). Otherwise softmax(logits / T) and a draw;
+ * with top-p, only among the most likely tokens (nucleus sampling): the text
+ * around the model, in cli/sampler.c, included here. */
+#include "cli/sampler.c"
 
 // §18 checks (compare two arrays) -------------------------------------------------------
-/* The first non-finite value (NaN or +-Inf) of x, or -1. The command line
- * checks every step's logits with it (one pass over V: cheap next to the
- * step): a checkpoint with NaN weights otherwise decodes as "zzzz..." or <unk>
- * and exits 0. */
-static long kvt_first_nonfinite(const float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) if (!isfinite(x[i])) return (long)i;
-    return -1;
-}
-/* Tolerance of GPU vs CPU logits (--check, make test): the kernels sum in other
- * orders than OpenBLAS and use the device's expf/powf; fp32 rounding then
- * differs by ~1e-7 relative per op, growing through the layers to ~1e-6 on
- * logits. 1e-4 leaves a wide margin while any indexing bug shows up as O(1). */
-#define KVT_TOL_GPU 1e-4
-/* One comparison used by `make test` and by --check. The error of element i is
- * |got - want| / max_j |want_j|: relative to the largest value, so that a tiny
- * element's harmless rounding is not blown up, while any real bug is. NaN or
- * Inf on either side fails (every comparison with NaN is false, so it is tested
- * explicitly). `shape` decodes a flat index for the messages, e.g.
- * "row=3,head=4,ch=16" (dims outermost first). Prints the first few mismatches
- * and one PASS/FAIL line naming the tolerance; returns 1 on PASS. */
-static int kvt_check(const char *what, const float *got, const float *want, long n, const char *shape,
-                     double tol, const char *tol_name) {
-    char names[8][16];
-    long dims[8];
-    int nd = 0;
-    for (const char *p = shape; p && *p && nd < 8;) { /* parse "name=size,..." */
-        int used = 0;
-        if (sscanf(p, "%15[^=]=%ld%n", names[nd], &dims[nd], &used) != 2) break;
-        nd++;
-        p += used;
-        if (*p == ',') p++;
-    }
-    double scale = 0.0;
-    for (long i = 0; i < n; i++) if (isfinite(want[i])) scale = fmax(scale, fabs((double)want[i]));
-    if (scale == 0.0) scale = 1.0;
-    double worst = 0.0;
-    long worst_i = -1, bad = 0;
-    for (long i = 0; i < n; i++) {
-        int finite = isfinite(got[i]) && isfinite(want[i]);
-        double err = finite ? fabs((double)got[i] - (double)want[i]) / scale : INFINITY;
-        if (err > worst || worst_i < 0) { worst = err; worst_i = i; }
-        if (err <= tol) continue;
-        if (bad++ < 5) {
-            char where[256] = "";
-            long idx[8], rem = i;
-            int off = 0;
-            for (int d = nd - 1; d >= 0; d--) { idx[d] = rem % dims[d]; rem /= dims[d]; } /* innermost fastest */
-            for (int d = 0; d < nd && off < (int)sizeof(where); d++)
-                off += snprintf(where + off, sizeof(where) - (size_t)off, "%s%s %ld", d ? ", " : "", names[d], idx[d]);
-            if (nd == 0) snprintf(where, sizeof(where), "index %ld", i);
-            printf("    mismatch at %s: got %.9g, want %.9g (error %.3g)\n", where, got[i], want[i], err);
-        }
-    }
-    int ok = bad == 0;
-    printf("%s %s: max error %.3g (relative to max |want| %.3g) %s %s = %.0e\n", ok ? "PASS" : "FAIL", what,
-           worst, scale, ok ? "<=" : ">", tol_name, tol);
-    if (bad) printf("    %ld of %ld elements over the tolerance\n", bad, n);
-    return ok;
-}
+/* One helper compares two arrays (GPU against CPU, a kernel against its
+ * float64 spec) and says where they differ: make test and --check use it.
+ * It is in cli/check.c, included here. */
+#include "cli/check.c"
 
 // §19 benchmarks ------------------------------------------------------------------------
 /* The measurements behind --bench (bandwidth, decode, context, attention,

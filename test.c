@@ -22,7 +22,7 @@
  *   the float64 reference.
  * TOL_E2E: two fp32 forward passes that differ only in summation order
  *   (sgemm vs sgemv, cached vs recomputed, chunk sizes): ~1e-6 seen on logits.
- * KVT_TOL_GPU (kvtransformer.cu §18): GPU vs CPU logits. */
+ * KVT_TOL_GPU (§18, cli/check.c): GPU vs CPU logits. */
 #define TOL_OP 1e-5
 #define TOL_ATTN 1e-5
 #define TOL_E2E 1e-5

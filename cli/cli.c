@@ -7,6 +7,34 @@
  * perplexity (--ppl), --stats, and main. The engine it drives is in
  * kvtransformer.cu §15; the benchmarks that --bench runs are in bench/bench.c. */
 
+/* A whole file into memory (+ a NUL), read in pieces: no size is assumed, so
+ * pipes and /proc files work too (their size is unknown until the end). */
+static kvt_status kvt_read_file(const char *path, const char *what, char **text, size_t *len) {
+    FILE *f;
+    kvt_status st = kvt_open_read(&f, path, what);
+    size_t cap = 1 << 16, n = 0;
+    *text = NULL;
+    *len = 0;
+    if (st != KVT_OK) return st;
+    char *buf = (char *)malloc(cap + 1);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break; /* the end of the file, or an error (ferror below) */
+        char *grown = cap <= SIZE_MAX / 4 ? (char *)realloc(buf, 2 * cap + 1) : NULL;
+        if (!grown) { free(buf); buf = NULL; break; }
+        buf = grown;
+        cap *= 2;
+    }
+    if (!buf) st = kvt_fail(KVT_ENOMEM, "host out of memory reading %s '%s' (more than %zu bytes)", what, path, n);
+    else if (ferror(f)) st = kvt_fail(KVT_EIO, "cannot read %s '%s': %s", what, path, strerror(errno));
+    fclose(f);
+    if (st != KVT_OK) { free(buf); return st; }
+    buf[n] = '\0';
+    *text = buf;
+    *len = n;
+    return KVT_OK;
+}
+
 #if !defined(KVT_NO_MAIN) || defined(KVT_CLI) /* KVT_CLI: test.c's command-line fuzz target */
 /* The command line is a thin layer over the library above: parse and check
  * every flag (one line naming the flag and its range on error), load the
