@@ -2706,6 +2706,7 @@ kvt_status kvt_step(kvt_engine *e, kvt_seq *s, const int *history, int n_hist, f
  * text, only ids. */
 #include "cli/tokenizer.c"
 
+// §17 sampling -----------------------------------------------------------------------
 /* temperature 0: argmax (greedy). Otherwise softmax(logits / T) and a draw;
  * with top-p, only among the most likely tokens (nucleus sampling): the text
  * around the model, in cli/sampler.c, included here. */

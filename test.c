@@ -1880,6 +1880,57 @@ static void test_dump_logits(void) {
  * and every chosen token; encode a sample text and compare the ids with
  * transformers' tokenizer. Then the exporter must refuse what the format
  * cannot hold, naming the field. */
+/* The map a reader finds the ops by: `grep -n "// §" kvtransformer.cu` lists
+ * §1 .. §20 once each, in order (a section whose body moved to cli/ or bench/
+ * keeps its banner line in the .cu), the file's opening comment names each
+ * one, and README.md's reading order has a row for each. */
+#define KVT_SECTIONS 20
+static void test_section_map(void) {
+    size_t n_cu = 0, n_md = 0;
+    char *cu = read_all("kvtransformer.cu", &n_cu), *md = read_all("README.md", &n_md);
+    if (!cu || !md) {
+        expect(0, "section map: kvtransformer.cu and README.md readable from the current directory");
+        free(cu);
+        free(md);
+        return;
+    }
+    int order[64], n = 0, banner_ok = 1, readme_ok = 1, missing = 0;
+    for (const char *p = cu; (p = strstr(p, "\n// §")) != NULL; p++) /* section banners, at line starts */
+        if (n < 64) order[n++] = atoi(p + strlen("\n// §"));
+    int in_order = n == KVT_SECTIONS;
+    for (int i = 0; i < n && in_order; i++) in_order = order[i] == i + 1;
+    const char *banner_end = strstr(cu, "*/"); /* the opening comment */
+    const char *rd = strstr(md, "## Reading order"), *rd_end = rd ? strstr(rd + 1, "\n## ") : NULL;
+    for (int s = 1; s <= KVT_SECTIONS; s++) {
+        char tag[16];
+        snprintf(tag, sizeof(tag), "§%d ", s); /* "§1 " is not a prefix of "§12 " */
+        const char *b = strstr(cu, tag);
+        if (!b || !banner_end || b > banner_end) { banner_ok = 0; missing = s; }
+        /* a row of the reading order: "| 15 |", or s in a list "| 8, 13, 14, 7 |" */
+        int row = 0;
+        for (const char *q = rd; q && q < rd_end && (q = strstr(q, "\n| ")) != NULL && q < rd_end; q++) {
+            const char *c = q + 3, *cell_end = strchr(c, '|');
+            while (c && c < cell_end) {
+                char *next;
+                long v = strtol(c, &next, 10);
+                if (next == c) break;
+                row |= v == s;
+                c = next;
+                while (c < cell_end && (*c == ',' || *c == ' ')) c++;
+            }
+        }
+        if (!row) { readme_ok = 0; missing = s; }
+    }
+    expect(in_order, "section map: kvtransformer.cu has the banner lines §1 .. §%d once each, in order (found %d)",
+           KVT_SECTIONS, n);
+    char miss[32] = "none";
+    if (missing) snprintf(miss, sizeof(miss), "§%d", missing);
+    expect(banner_ok && readme_ok, "section map: the file's opening comment and README.md's reading order name "
+           "every section (missing: %s)", miss);
+    free(cu);
+    free(md);
+}
+
 static void test_hf_export(void) {
     size_t jb = 0, lb = 0;
     char *json = read_all("weights/hf-tiny/expected.json", &jb);
@@ -3142,6 +3193,7 @@ int main(int argc, char **argv) {
     test_cli_trace();
     test_dump_logits();
     test_hf_export();
+    test_section_map();
     test_bench_shapes();
     test_bench_run();
     if (gpu) {

@@ -54,7 +54,6 @@ kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs)
     return st;
 }
 
-
 /* Memory figures for --stats and the tests. A chunk held by several
  * sequences (fork, prefix reuse) counts once in bytes_used and once per
  * holder in bytes_unshared: the difference is what sharing saves. A chunk's
