@@ -22,9 +22,9 @@
  *   §8  rmsnorm                           §18 checks (compare two arrays)
  *   §9  matmul (tiles/sgemm; 2 kernels)   §19 benchmarks
  *   §10 rope, kv write (+ quantize)       §20 command line
- * (§16-§20, the random model at the end of §4 and the pool printer at the
- * end of §15 are the harness around the lesson: files in cli/ and bench/,
- * included in their place, so it is still one compile.)
+ * (§16-§20, the random model at the end of §4 and the pool's printer and
+ * checks at the end of §15 are the harness around the lesson: files in cli/
+ * and bench/, included in their place, so it is still one compile.)
  *
  * Dimensions: L layers, D model dim, NH query heads, NKV kv heads, HS head size,
  *   KVD = NKV*HS, HD FFN hidden, V vocab, T positions so far, TMAX max positions,

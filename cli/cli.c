@@ -4,7 +4,8 @@
  * everything defined there is visible here, and `make` builds one program
  * (./kvt) as before. What is here: the flags (one table, cli_flags[]), the
  * generation loop with --fork and --prompts (run_single, read_prompts),
- * perplexity (--ppl), --stats, and main. The engine it drives is in
+ * perplexity (--ppl), --stats, main, and kvt_read_file (a whole file into
+ * memory: --ppl and the tests). The engine it drives is in
  * kvtransformer.cu §15; the benchmarks that --bench runs are in bench/bench.c. */
 
 /* A whole file into memory (+ a NUL), read in pieces: no size is assumed, so
