@@ -1874,12 +1874,6 @@ static void test_dump_logits(void) {
     remove(tpath);
 }
 
-/* weights/hf-tiny (made by weights/make_hf_fixture.py with transformers):
- * export it with weights/export_hf.py, run kvt on transformers' greedy
- * sequence with the cache on and off, and compare every position's logits
- * and every chosen token; encode a sample text and compare the ids with
- * transformers' tokenizer. Then the exporter must refuse what the format
- * cannot hold, naming the field. */
 /* The map a reader finds the ops by: `grep -n "// §" kvtransformer.cu` lists
  * §1 .. §20 once each, in order (a section whose body moved to cli/ or bench/
  * keeps its banner line in the .cu), the file's opening comment names each
@@ -1910,7 +1904,7 @@ static void test_section_map(void) {
         int row = 0;
         for (const char *q = rd; q && q < rd_end && (q = strstr(q, "\n| ")) != NULL && q < rd_end; q++) {
             const char *c = q + 3, *cell_end = strchr(c, '|');
-            while (c && c < cell_end) {
+            while (cell_end && c < cell_end) {
                 char *next;
                 long v = strtol(c, &next, 10);
                 if (next == c) break;
@@ -1931,6 +1925,12 @@ static void test_section_map(void) {
     free(md);
 }
 
+/* weights/hf-tiny (made by weights/make_hf_fixture.py with transformers):
+ * export it with weights/export_hf.py, run kvt on transformers' greedy
+ * sequence with the cache on and off, and compare every position's logits
+ * and every chosen token; encode a sample text and compare the ids with
+ * transformers' tokenizer. Then the exporter must refuse what the format
+ * cannot hold, naming the field. */
 static void test_hf_export(void) {
     size_t jb = 0, lb = 0;
     char *json = read_all("weights/hf-tiny/expected.json", &jb);
