@@ -20,7 +20,7 @@
  *   §6  the KV chunk pool, sequences      §16 tokenizer
  *   §7  embedding                         §17 sampling
  *   §8  rmsnorm                           §18 checks (compare two arrays)
- *   §9  matmul (tiles/sgemm; 2 kernels)   §19 benchmarks
+ *   §9  matmul (loops/sgemm; 2 kernels)   §19 benchmarks
  *   §10 rope, kv write (+ quantize)       §20 command line
  * (§16-§20, the random model at the end of §4 and the pool's printer and
  * checks at the end of §15 are the harness around the lesson: files in cli/
@@ -942,8 +942,9 @@ static void rmsnorm_gpu(float *out, const float *x, const float *w, int n, int D
  * A batch of n decode rows does 2n flops per weight read, so up to a few rows
  * are nearly free; only around n ~ 8-16 does arithmetic become the limit here.
  *
- * The CPU path: a tile loop of our own for decode and small batches (each
- * weight row read from memory once for all n rows), OpenBLAS's sgemm for
+ * The CPU path: loops of our own for decode and batches (each weight row
+ * read from memory once for all n rows: one weight row at a time up to
+ * KVT_ROW_X rows, tiles of 4 weight rows from there), OpenBLAS's sgemm for
  * prefill pieces of KVT_SGEMM_ROWS rows and more. */
 
 /* KVT_VEC floats as one C value: one register, 16 with AVX-512, else 8 (one
@@ -1071,20 +1072,69 @@ static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, co
             out[(size_t)i * d + j] = s;
         }
 }
-/* The tiles of rows j0..j1-1 of w: for every 4 rows of w (read from memory
- * once), all rows of x, KVT_TILE_X at a time. KVT_TILE_X x 4 running sums must
- * fit in the registers: 16 of AVX-512's 32, but with AVX2's 16 registers 4 x 4
- * spill to memory, and 3 x 4 leave room for the 4 weight vectors (measured on
- * a 2-core AMD EPYC, 16 rows of the 110M shape's w1: 40 GFLOP/s with 4 rows of
- * x per tile, 49 with 3). */
+/* One weight row against all NX <= KVT_ROW_X rows of x: the row is read
+ * front to back, two vectors at a time, each vector used for every row of x
+ * (2 x NX running sums). This is decode's and a small batch's matmul: there
+ * memory is the limit, and one weight row after the other is one plain
+ * stream per core. The tile above reads 4 weight rows side by side (4
+ * streams, plus its hints) to load each vector of x once for 4 weight rows,
+ * which pays once there are enough rows of x for the arithmetic to be the
+ * limit. Measured on the 2-core AMD EPYC (README, "One weight row at a
+ * time"): one row of x, `--bench decode`, 0.88 -> 0.90 of the paired read
+ * pass on the 110M shape and 0.66 -> 0.82 on the 15M shape (its 288-float
+ * rows); 8 rows of x and more, the tile is faster. With 2 to 4 rows of x
+ * the loop asks for the stream KVT_ROW_AHEAD floats (2 KB) ahead, on into
+ * the next rows (past the end of w a hint never faults): batch 4 on the 15M
+ * shape 1.15-1.27x faster than without. With one row the same hint made
+ * decode slower (0.81 -> 0.75 of the paired pass), so one row asks for
+ * nothing. Why the two differ is not known: measured, not derived. */
+#define KVT_ROW_X 4
+#define KVT_ROW_AHEAD 512
+static inline __attribute__((always_inline)) void matmul_row_cpu(float *out, const float *x, const float *wr,
+                                                                 int NX, int k, int d) {
+    kvt_vec acc[KVT_ROW_X][2];
+    for (int i = 0; i < NX; i++) acc[i][0] = acc[i][1] = (kvt_vec){0};
+    int c = 0;
+    for (; c + 2 * KVT_VEC <= k; c += 2 * KVT_VEC) {
+        if (NX > 1) __builtin_prefetch(wr + c + KVT_ROW_AHEAD);
+        kvt_vec w0 = vec_load(wr + c), w1 = vec_load(wr + c + KVT_VEC);
+        for (int i = 0; i < NX; i++) {
+            acc[i][0] += vec_load(x + (size_t)i * k + c) * w0;
+            acc[i][1] += vec_load(x + (size_t)i * k + c + KVT_VEC) * w1;
+        }
+    }
+    for (int i = 0; i < NX; i++) {
+        float s = vec_sum(acc[i][0] + acc[i][1]);
+        for (int cc = c; cc < k; cc++) s += x[(size_t)i * k + cc] * wr[cc]; /* k % (2 KVT_VEC) leftovers */
+        out[(size_t)i * d] = s;
+    }
+}
+/* Rows j0..j1-1 of w against all n rows of x. Up to KVT_ROW_X rows of x: one
+ * weight row at a time (matmul_row_cpu). More: for every 4 rows of w (read
+ * from memory once), all rows of x, KVT_TILE_X at a time. KVT_TILE_X x 4
+ * running sums must fit in the registers: 16 of AVX-512's 32, but with AVX2's
+ * 16 registers 4 x 4 spill to memory, and 3 x 4 leave room for the 4 weight
+ * vectors (measured on a 2-core AMD EPYC, 16 rows of the 110M shape's w1: 40
+ * GFLOP/s with 4 rows of x per tile, 49 with 3). A switch gives each copy of
+ * the loops a constant row count, which the compiler unrolls. */
 #define KVT_TILE_X (KVT_VEC == 16 ? 4 : 3)
 static void matmul_rows_part_cpu(float *out, const float *x, const float *w, int n, int k, int d, int j0, int j1) {
+    if (n <= KVT_ROW_X) {
+        for (int j = j0; j < j1; j++)
+            switch (n) {
+            case 1: matmul_row_cpu(out + j, x, w + (size_t)j * k, 1, k, d); break;
+            case 2: matmul_row_cpu(out + j, x, w + (size_t)j * k, 2, k, d); break;
+            case 3: matmul_row_cpu(out + j, x, w + (size_t)j * k, 3, k, d); break;
+            default: matmul_row_cpu(out + j, x, w + (size_t)j * k, 4, k, d); break;
+            }
+        return;
+    }
     for (int j = j0; j < j1; j += 4) {
         int nw = d - j < 4 ? d - j : 4;
         for (int i = 0; i < n; i += KVT_TILE_X) {
             float *o = out + (size_t)i * d + j;
             const float *xi = x + (size_t)i * k, *wj = w + (size_t)j * k;
-            switch (n - i < KVT_TILE_X ? n - i : KVT_TILE_X) { /* a constant NX for each copy of the tile */
+            switch (n - i < KVT_TILE_X ? n - i : KVT_TILE_X) {
             case 1: matmul_tile_cpu(o, xi, wj, 1, nw, k, d, i == 0); break;
             case 2: matmul_tile_cpu(o, xi, wj, 2, nw, k, d, i == 0); break;
             case 3: matmul_tile_cpu(o, xi, wj, 3, nw, k, d, i == 0); break;
@@ -1093,7 +1143,7 @@ static void matmul_rows_part_cpu(float *out, const float *x, const float *w, int
         }
     }
 }
-/* All tiles, on all cores. The rows of w are cut into chunks of about
+/* All rows of w, on all cores. They are cut into chunks of about
  * KVT_CHUNK_BYTES (whole tiles), and the chunks into one part of consecutive
  * chunks per core. Each core streams its own part front to back, then takes
  * the untaken chunks of the other parts. A chunk is claimed by adding 1 to
@@ -1166,10 +1216,10 @@ static int kvt_blas_generic(void) {
     if (generic < 0) generic = !strcmp(openblas_get_corename(), "Prescott");
     return generic;
 }
-/* The CPU's matmul: the tile loop for decode and small batches (each weight
- * row read once for up to 4 rows of x), OpenBLAS sgemm from KVT_SGEMM_ROWS
- * rows on, where its blocking for the caches wins (the crossover table in
- * README.md, `--bench matmul`). */
+/* The CPU's matmul: our own loops for decode and small batches (each weight
+ * row read from memory once for all rows of x), OpenBLAS sgemm from
+ * KVT_SGEMM_ROWS rows on, where its blocking for the caches wins (the
+ * crossover table in README.md, `--bench matmul`). */
 static void matmul_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
     if (n >= KVT_SGEMM_ROWS && !kvt_blas_generic()) matmul_sgemm_cpu(out, x, w, n, k, d);
     else matmul_rows_cpu(out, x, w, n, k, d);

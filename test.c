@@ -126,14 +126,20 @@ static void test_matmul_one(int gpu, const char *name, void (*fn)(float *, const
 }
 static void test_matmul(int gpu) {
     int shapes[][3] = {{1, 45, 70}, {5, 45, 70}, {17, 64, 33}, {1, 128, 97}, {40, 300, 130}};
-    if (!gpu) { /* the tile loop for every row count it serves: 1..17 rows (NX = 1..4 plus
-                 * leftovers), k not a multiple of 16, d not a multiple of 4 */
-        for (int n = 1; n <= 17; n++) test_matmul_one(0, "cpu tile loop", matmul_rows_cpu, n, 19 + 14 * n, 3 + 5 * n);
-        test_matmul_one(0, "cpu tile loop", matmul_rows_cpu, 3, 7, 5); /* k < 16: leftovers only */
+    if (!gpu) { /* the CPU's own loops for every row count they serve: 1..4 rows one
+                 * weight row at a time (matmul_row_cpu), 5..17 the tile (KVT_TILE_X
+                 * rows of x at a time, then the rest); k not a multiple of 16, d not
+                 * a multiple of 4 */
+        for (int n = 1; n <= 17; n++)
+            test_matmul_one(0, n <= KVT_ROW_X ? "cpu row loop" : "cpu tile loop", matmul_rows_cpu, n, 19 + 14 * n,
+                            3 + 5 * n);
+        test_matmul_one(0, "cpu row loop", matmul_rows_cpu, 3, 7, 5); /* k < 16: leftovers only */
+        test_matmul_one(0, "cpu tile loop", matmul_rows_cpu, 7, 7, 5);
         /* 42 chunks of 24 rows (the last one 19), a part of 21 chunks per core
          * with 2 cores: a chunk no core claims leaves its outputs unwritten */
-        test_matmul_one(0, "cpu tile loop, shared in chunks", matmul_rows_cpu, 1, 1001, 1003);
-        test_matmul_one(0, "cpu tile loop, shared in chunks", matmul_rows_cpu, 4, 1001, 1003);
+        test_matmul_one(0, "cpu row loop, shared in chunks", matmul_rows_cpu, 1, 1001, 1003);
+        test_matmul_one(0, "cpu row loop, shared in chunks", matmul_rows_cpu, 4, 1001, 1003);
+        test_matmul_one(0, "cpu tile loop, shared in chunks", matmul_rows_cpu, 6, 1001, 1003);
         test_matmul_one(0, "cpu sgemm split over the cores", matmul_sgemm_cpu, 40, 300, 130);
         test_matmul_one(0, "cpu sgemm split over the cores", matmul_sgemm_cpu, 3, 45, 1); /* d < threads */
     }

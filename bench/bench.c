@@ -295,7 +295,7 @@ static void kvt_blas_note(void) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
     if (kvt_blas_generic() && !getenv("OPENBLAS_CORETYPE") && __builtin_cpu_supports("avx2"))
         fprintf(stderr, "[kvt] note: OpenBLAS runs its generic Prescott kernels on this CPU (it is older than the CPU), "
-                "so every matmul uses the tile loop; prefill is ~1.5x faster with OPENBLAS_CORETYPE=%s set before "
+                "so every matmul uses our own loops; prefill is ~1.5x faster with OPENBLAS_CORETYPE=%s set before "
                 "starting kvt (make run, test and bench set it)\n", __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell");
 #endif
 }
@@ -634,7 +634,8 @@ static kvt_status bench_context(kvt_model *m, const kvt_options *o, int T, int B
     free(toks); free(ones); free(step_toks); free(logits); free(seqs); free(ptr);
     return st;
 }
-/* Where sgemm overtakes the tile loop (§9), measured: GFLOP/s of both on every
+/* Where sgemm overtakes our own loops (§9: one weight row at a time up to
+ * KVT_ROW_X rows of x, the tile from there), measured: GFLOP/s of both on every
  * layer's w1 (HD x D, the FFN's first matrix) in turn, as a forward pass
  * meets them, for n = 1 .. 256 rows. KVT_SGEMM_ROWS is set from this table.
  * OpenBLAS picks its kernels for the CPU when it loads; the name it chose is
@@ -647,8 +648,8 @@ static kvt_status bench_matmul(kvt_model *m, FILE *csv) {
     openblas_set_num_threads(1); /* as the engine runs it: one single-threaded sgemm per core */
     printf("matmul (n x %d) @ (%d x %d)^T per layer, %d layers in turn; OpenBLAS core: %s; %d threads\n", D, HD, D, L,
            openblas_get_corename(), omp_get_max_threads());
-    printf("%6s %16s %16s  %s\n", "rows", "tiles GFLOP/s", "sgemm GFLOP/s", "faster");
-    if (csv) fprintf(csv, "rows,tiles_gflops,sgemm_gflops\n");
+    printf("%6s %16s %16s  %s\n", "rows", "loops GFLOP/s", "sgemm GFLOP/s", "faster");
+    if (csv) fprintf(csv, "rows,loops_gflops,sgemm_gflops\n");
     for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++) {
         double g[2];
         for (int v = 0; v < 2; v++) {
@@ -663,10 +664,11 @@ static kvt_status bench_matmul(kvt_model *m, FILE *csv) {
             } while (t < 0.3 || reps < 2 * L);
             g[v] = 2.0 * ns[i] * D * HD * reps / t / 1e9;
         }
-        printf("%6d %16.1f %16.1f  %s\n", ns[i], g[0], g[1], g[0] >= g[1] ? "tiles" : "sgemm");
+        printf("%6d %16.1f %16.1f  %s\n", ns[i], g[0], g[1], g[0] >= g[1] ? "loops" : "sgemm");
         if (csv) fprintf(csv, "%d,%.2f,%.2f\n", ns[i], g[0], g[1]);
     }
-    printf("(the engine uses the tile loop below KVT_SGEMM_ROWS = %d rows, sgemm from there on)\n", KVT_SGEMM_ROWS);
+    printf("(the engine uses its loops below KVT_SGEMM_ROWS = %d rows: one weight row at a time up to %d rows, tiles "
+           "from there; sgemm from %d rows on)\n", KVT_SGEMM_ROWS, KVT_ROW_X, KVT_SGEMM_ROWS);
     free(x);
     free(out);
     return KVT_OK;
