@@ -1083,8 +1083,9 @@ static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, co
  * time"): one row of x, `--bench decode`, 0.88 -> 0.90 of the paired read
  * pass on the 110M shape and 0.66 -> 0.82 on the 15M shape (its 288-float
  * rows); 8 rows of x and more, the tile is faster. With 2 to 4 rows of x
- * the loop asks for the stream KVT_ROW_AHEAD floats (2 KB) ahead, on into
- * the next rows (past the end of w a hint never faults): batch 4 on the 15M
+ * the loop asks for the stream KVT_ROW_AHEAD floats (2 KB) ahead, one line
+ * per step (with AVX2 every line, with AVX-512 every other), on into the
+ * next rows (past the end of w a hint never faults): batch 4 on the 15M
  * shape 1.15-1.27x faster than without. With one row the same hint made
  * decode slower (0.81 -> 0.75 of the paired pass), so one row asks for
  * nothing. Why the two differ is not known: measured, not derived. */
