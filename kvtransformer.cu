@@ -1121,13 +1121,15 @@ static inline __attribute__((always_inline)) void matmul_row_cpu(float *out, con
 #define KVT_TILE_X (KVT_VEC == 16 ? 4 : 3)
 static void matmul_rows_part_cpu(float *out, const float *x, const float *w, int n, int k, int d, int j0, int j1) {
     if (n <= KVT_ROW_X) {
-        for (int j = j0; j < j1; j++)
+        for (int j = j0; j < j1; j++) {
+            const float *wj = w + (size_t)j * k;
             switch (n) {
-            case 1: matmul_row_cpu(out + j, x, w + (size_t)j * k, 1, k, d); break;
-            case 2: matmul_row_cpu(out + j, x, w + (size_t)j * k, 2, k, d); break;
-            case 3: matmul_row_cpu(out + j, x, w + (size_t)j * k, 3, k, d); break;
-            default: matmul_row_cpu(out + j, x, w + (size_t)j * k, 4, k, d); break;
+            case 1: matmul_row_cpu(out + j, x, wj, 1, k, d); break;
+            case 2: matmul_row_cpu(out + j, x, wj, 2, k, d); break;
+            case 3: matmul_row_cpu(out + j, x, wj, 3, k, d); break;
+            default: matmul_row_cpu(out + j, x, wj, 4, k, d); break;
             }
+        }
         return;
     }
     for (int j = j0; j < j1; j += 4) {
