@@ -1082,22 +1082,27 @@ static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, co
  * limit. Measured on the 2-core AMD EPYC (README, "One weight row at a
  * time"): one row of x, `--bench decode`, 0.88 -> 0.90 of the paired read
  * pass on the 110M shape and 0.66 -> 0.82 on the 15M shape (its 288-float
- * rows); 8 rows of x and more, the tile is faster. With 2 to 4 rows of x
- * the loop asks for the stream KVT_ROW_AHEAD floats (2 KB) ahead, one line
- * per step (with AVX2 every line, with AVX-512 every other), on into the
- * next rows (past the end of w a hint never faults): batch 4 on the 15M
- * shape 1.15-1.27x faster than without. With one row the same hint made
- * decode slower (0.81 -> 0.75 of the paired pass), so one row asks for
- * nothing. Why the two differ is not known: measured, not derived. */
+ * rows); 8 rows of x and more, the tile is faster. With AVX2 and 2 to 4
+ * rows of x the loop asks for the stream KVT_ROW_AHEAD floats (2 KB) ahead,
+ * one line per step, on into the next rows (past the end of w a hint never
+ * faults): batch 4 on the 15M shape 1.15-1.27x faster than without on that
+ * machine. With one row the same hint made decode slower there (0.81 ->
+ * 0.75 of the paired pass), and on the AVX-512 Zen 4 it made 2 rows slower
+ * (`--bench batch`, 15M shape, 3 runs alternating: batch 2 676-791 tokens/s
+ * with it, 931-987 without), so only AVX2 builds ask. Measured, not
+ * derived: KVT_ROW_HINT is the switch to measure it again. */
 #define KVT_ROW_X 4
 #define KVT_ROW_AHEAD 512
+#ifndef KVT_ROW_HINT
+#define KVT_ROW_HINT (KVT_VEC == 8)
+#endif
 static inline __attribute__((always_inline)) void matmul_row_cpu(float *out, const float *x, const float *wr,
                                                                  int NX, int k, int d) {
     kvt_vec acc[KVT_ROW_X][2];
     for (int i = 0; i < NX; i++) acc[i][0] = acc[i][1] = (kvt_vec){0};
     int c = 0;
     for (; c + 2 * KVT_VEC <= k; c += 2 * KVT_VEC) {
-        if (NX > 1) __builtin_prefetch(wr + c + KVT_ROW_AHEAD);
+        if (KVT_ROW_HINT && NX > 1) __builtin_prefetch(wr + c + KVT_ROW_AHEAD);
         kvt_vec w0 = vec_load(wr + c), w1 = vec_load(wr + c + KVT_VEC);
         for (int i = 0; i < NX; i++) {
             acc[i][0] += vec_load(x + (size_t)i * k + c) * w0;
@@ -1651,54 +1656,27 @@ static inline __attribute__((always_inline)) void kv_prefetch_row(const kvt_kv *
         for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
     for (size_t b = 0; b < scale_bytes; b += 64) __builtin_prefetch(sp + b);
 }
-/* The sums of V (pass 2 of the CPU attention, §12) read rows already in
- * cache, so the memory would sit idle while they run. A decode row's pass 2
- * therefore asks for the next tile's K rows as it goes: `per` cache lines
- * for every V row it adds, in address order, through a cursor over the next
- * tile's runs of K rows (one run per chunk, each run's rows side by side).
- * Asked for all at once, 1/NKV of them between two heads, the hints were
- * no help: a core keeps about 22 lines in flight (README) and drops hints
- * past that. fp32 only: it has the most bytes per row to wait for, and
- * neither fp16 (within the noise) nor int8 (bound by its arithmetic: 1.16x
- * slower) gained from it (README). */
-typedef struct {
-    const char *p;      /* the next line to ask for (NULL: done) */
-    int run, nrun, per; /* p's run; the runs; lines per V row */
-    const char *from[KVT_ATTN_TILE], *to[KVT_ATTN_TILE]; /* each run's bytes */
-} kv_ask;
-static inline __attribute__((always_inline)) void kv_ask_lines(kv_ask *a) {
-    for (int q = 0; q < a->per && a->p; q++) {
-        __builtin_prefetch(a->p);
-        a->p += 64;
-        if (a->p >= a->to[a->run]) /* on to the next run, if any */
-            a->p = ++a->run < a->nrun ? a->from[a->run] : NULL;
-    }
-}
 /* acc[0 .. NB * KVT_VEC) += sum_j w[j] * (the same channels of row j), row j
  * at element i + j * KVD. The NB running sums stay in registers across all n
  * rows, and each row's NB vectors are read together: whole cache lines, in
  * the order they lie. NB and dtype are constants at each call site: the
- * compiler makes one copy of the loop per pair. ask (or NULL): lines to ask
- * for, a few per row (kv_ask above). */
+ * compiler makes one copy of the loop per pair. */
 static inline __attribute__((always_inline)) void kv_axpy_cols_cpu(float *acc, const void *data, int dtype,
-                                                                  const float *w, size_t i, size_t KVD, int n, int NB,
-                                                                  kv_ask *ask) {
+                                                                  const float *w, size_t i, size_t KVD, int n, int NB) {
     kvt_vec a[4];
     for (int b = 0; b < NB; b++) a[b] = vec_load(acc + b * KVT_VEC);
-    for (int j = 0; j < n; j++, i += KVD) {
-        if (ask) kv_ask_lines(ask);
+    for (int j = 0; j < n; j++, i += KVD)
         for (int b = 0; b < NB; b++) a[b] += w[j] * kv_load_vec_cpu(data, dtype, i + b * KVT_VEC);
-    }
     for (int b = 0; b < NB; b++) memcpy(acc + b * KVT_VEC, &a[b], sizeof(a[b]));
 }
 /* The same for the cache's type: one copy of the loop per type (and per NB,
  * a constant at each call site). */
 static inline __attribute__((always_inline)) void kv_axpy_cols_kv_cpu(const kvt_kv *kv, float *acc, const float *w,
-                                                                     size_t i, int n, int NB, kv_ask *ask) {
+                                                                     size_t i, int n, int NB) {
     size_t KVD = (size_t)kv->NKV * kv->HS;
-    if (kv->dtype == KVT_FP32) kv_axpy_cols_cpu(acc, kv->data, KVT_FP32, w, i, KVD, n, NB, ask);
-    else if (kv->dtype == KVT_FP16) kv_axpy_cols_cpu(acc, kv->data, KVT_FP16, w, i, KVD, n, NB, ask);
-    else kv_axpy_cols_cpu(acc, kv->data, KVT_INT8, w, i, KVD, n, NB, ask);
+    if (kv->dtype == KVT_FP32) kv_axpy_cols_cpu(acc, kv->data, KVT_FP32, w, i, KVD, n, NB);
+    else if (kv->dtype == KVT_FP16) kv_axpy_cols_cpu(acc, kv->data, KVT_FP16, w, i, KVD, n, NB);
+    else kv_axpy_cols_cpu(acc, kv->data, KVT_INT8, w, i, KVD, n, NB);
 }
 /* acc (HS) += sum_j wgt[j] * V row j, for the n rows of a tile (row j at
  * element i + j * KVD; int8: its scales from si + j * KVD / G), KVT_AXPY
@@ -1707,11 +1685,9 @@ static inline __attribute__((always_inline)) void kv_axpy_cols_kv_cpu(const kvt_
  * apart in the 110M shape) again for every 8 floats of each, took 1.15x as
  * long for fp32 in cache on the AMD machine (README). int8: the weight times
  * the row's scale of these channels, so a block must lie in one group
- * (KVT_AXPY divides G); otherwise row by row, by the spec. ask (or NULL):
- * the lines to ask for meanwhile (kv_ask). */
+ * (KVT_AXPY divides G); otherwise row by row, by the spec. */
 #define KVT_AXPY 32 /* channels per block: 4 vectors with AVX2, 2 with AVX-512 */
-static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, size_t i, size_t si, int n,
-                                    kv_ask *ask) {
+static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, size_t i, size_t si, int n) {
     int HS = kv->HS, int8 = kv->dtype == KVT_INT8, G = int8 ? kv->G : HS; /* fp32, fp16: one "group", unscaled */
     size_t KVD = (size_t)kv->NKV * HS, row_scales = (size_t)kv->NKV * kv->HG;
     const float *sc = int8 ? kv->scales + si : NULL; /* row j's scales: j * row_scales further */
@@ -1728,9 +1704,8 @@ static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *w
             wc = w;
         }
         for (int c = g; c < g + G; c += step) {
-            kv_ask *a = c == 0 ? ask : NULL; /* the asking rides along the first block of channels */
-            if (step == KVT_AXPY) kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, KVT_AXPY / KVT_VEC, a);
-            else kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, 1, a);
+            if (step == KVT_AXPY) kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, KVT_AXPY / KVT_VEC);
+            else kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, 1);
         }
     }
 }
@@ -1925,32 +1900,63 @@ static int tile_runs_cpu(const kvt_kv *kv, int l, int tab, int t0, int nt, int *
     }
     return nrun;
 }
-/* The cursor over the K rows of the tile of nt positions from t0 (kv_ask,
- * §10), spread over `rows` V rows: per = the lines / rows, rounded up. */
-static void kv_ask_tile(kv_ask *a, const kvt_kv *kv, int l, int tab, int t0, int nt, int rows) {
-    int at[KVT_ATTN_TILE + 1];
-    size_t kr[KVT_ATTN_TILE], sr[KVT_ATTN_TILE], KVD = (size_t)kv->NKV * kv->HS;
-    a->nrun = tile_runs_cpu(kv, l, tab, t0, nt, at, kr, sr);
-    for (int i = 0; i < a->nrun; i++) {
-        a->from[i] = (const char *)kv->data + kvt_dtype_size((kvt_dtype)kv->dtype, kr[i]);
-        a->to[i] = a->from[i] + kvt_dtype_size((kvt_dtype)kv->dtype, (size_t)(at[i + 1] - at[i]) * KVD);
+/* The online softmax's step for one query and one tile: its nk scores s
+ * become weights exp(s - m) against the running max m = pp[0], and the
+ * running sum pp[1] grows by theirs; when the tile raised the max, what was
+ * summed so far (pp[1] and acc, HS values) is rescaled first. */
+static inline void tile_softmax_cpu(float *pp, float *acc, float *s, int nk, int HS) {
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j < nk; j++) mx = s[j] > mx ? s[j] : mx;
+    if (mx > pp[0]) { /* a new max: rescale what we have (once per tile at most) */
+        float corr = expf(pp[0] - mx);
+        pp[1] *= corr;
+        for (int c = 0; c < HS; c++) acc[c] *= corr;
+        pp[0] = mx;
     }
-    size_t lines = kvt_cdiv((long)kvt_dtype_size((kvt_dtype)kv->dtype, (size_t)at[a->nrun] * KVD), 64);
-    a->per = kvt_cdiv((long)lines, rows);
-    a->run = 0;
-    a->p = a->nrun > 0 ? a->from[0] : NULL;
+    float m = pp[0];
+#pragma omp simd /* a vector of weights per instruction */
+    for (int j = 0; j < nk; j++) s[j] = exp_neg_cpu(s[j] - m);
+    pp[1] += tile_sum_cpu(s, nk);
+}
+/* Pass 2 for an fp32 decode row (one query per head): acc (NH, HS) +=
+ * w[h][j] * V row j of head h's kv head, for the tile's first nk keys, in
+ * the order V lies in memory: key by key, and inside a key its kv heads'
+ * rows side by side, so each run is read front to back like K in pass 1 and
+ * the hardware prefetcher keeps ahead. Per kv head instead (the loop below
+ * for other rows), 32 rows KVD apart, V had to be fetched during pass 1 and
+ * still waited: 16 sequences at 960 positions, 110M shape, on the 2-core
+ * Zen 4, all 12 layers' attention 85-104 -> 71-80 ms (3 runs each, README).
+ * acc is the work item's own: part[] has other pieces' sums beside each
+ * head's, and writing it key by key made the loop 4x slower in cache. */
+static void tile_v_rows_cpu(float *acc, float (*w)[KVT_ATTN_TILE], const kvt_kv *kv, int NH, int nk, int nrun,
+                            const int *at, const size_t *kr, size_t voff) {
+    int HS = kv->HS, group = NH / kv->NKV;
+    size_t KVD = (size_t)kv->NKV * HS;
+    for (int i = 0; i < nrun && at[i] < nk; i++) {
+        const float *v = (const float *)kv->data + kr[i] + voff; /* key at[i]'s V row of kv head 0 */
+        for (int j = at[i]; j < (at[i + 1] < nk ? at[i + 1] : nk); j++, v += KVD)
+            for (int h = 0; h < NH; h++) {
+                const float *vh = v + (size_t)(h / group) * HS;
+                float wj = w[h][j], *a = acc + (size_t)h * HS;
+#pragma omp simd
+                for (int c = 0; c < HS; c++) a[c] += wj * vh[c];
+            }
+    }
 }
 /* One work item: the queries of rows [r0, r1) (one sequence), all heads, over
  * the positions of piece sp. A tile is read in two passes:
  *  1. the scores of every query (row, head), position by position: a
  *     position's K rows for all kv heads lie side by side in its chunk, so
  *     this pass reads K in the order it lies in memory, which the hardware
- *     prefetcher follows; meanwhile it asks for the position's V rows. Four
- *     dot products at a time (kv_dots_cpu): four queries of one K row, or
- *     in decode (one query per kv head) four kv heads side by side;
- *  2. per kv head, each of its queries' softmax update and weighted sum of V,
- *     the V rows read from cache by now, once for all the block's queries;
- *     an fp32 decode row asks for the next tile's K rows meanwhile (kv_ask).
+ *     prefetcher follows; meanwhile it asks for the position's V rows
+ *     (except an fp32 decode row, see 2). Four dot products at a time
+ *     (kv_dots_cpu): four queries of one K row, or in decode (one query per
+ *     kv head) four kv heads side by side;
+ *  2. each query's softmax update (tile_softmax_cpu), then the weighted sum
+ *     of V: per kv head for all the block's queries, the V rows read from
+ *     cache by now; an fp32 decode row instead reads V key by key, in memory
+ *     order (tile_v_rows_cpu).
  * Reading K one kv head at a time instead (32 rows of HS values, KVD apart)
  * made the int8 cache no faster than fp32 from memory: 1.45x slower for int8
  * and fp16 (measured, README). */
@@ -1984,7 +1990,10 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
     int at[KVT_ATTN_TILE + 1], nrun;
     size_t kr[KVT_ATTN_TILE], sr[KVT_ATTN_TILE], voff = (size_t)kv->CH * KVD;
     size_t rsc = (size_t)kv->NKV * kv->HG, vsoff = (size_t)kv->CH * rsc;
-    kv_ask ask; /* an fp32 decode row's pass 2 asks for the next tile's K rows (kv_ask, §10) */
+    /* an fp32 decode row sums V in memory order, into acc (NH, HS), copied to part[] at the end */
+    int vrows = r1 - r0 == 1 && kv->dtype == KVT_FP32;
+    float *acc = vrows ? (float *)calloc((size_t)NH * HS, sizeof(float)) : NULL;
+    KVT_ASSERT(acc || !vrows);
     for (int t0 = t_begin, nt; t0 < t_end; t0 += nt) {
         nt = t_end - t0 < KVT_ATTN_TILE ? t_end - t0 : KVT_ATTN_TILE;
         nrun = tile_runs_cpu(kv, l, tab, t0, nt, at, kr, sr);
@@ -1995,7 +2004,7 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
             for (int j = at[i]; j < at[i + 1]; j++) {
                 size_t ki = kr[i] + (size_t)(j - at[i]) * KVD; /* key j's K row of kv head 0 */
                 size_t si = sr[i] + (size_t)(j - at[i]) * rsc; /* and its first int8 scale */
-                kv_prefetch_row(kv, ki + voff, si + vsoff);
+                if (!vrows) kv_prefetch_row(kv, ki + voff, si + vsoff);
                 if (n == 1) /* one query per kv head: the kv heads' rows side by side, four at a time */
                     kv_dots_cpu(kv, ki, si, HS, qs, kv->NKV, scale, &scores[0][j], KVT_ATTN_TILE);
                 else /* each kv head's row for its n queries */
@@ -2003,9 +2012,16 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
                         kv_dots_cpu(kv, ki + (size_t)kh * HS, si + (size_t)kh * kv->HG, 0, qs + kh * n, n, scale,
                                     &scores[kh * n][j], KVT_ATTN_TILE);
             }
-        /* pass 2: per kv head, its queries' softmax updates and sums of V */
-        int t1 = t0 + nt, ask_on = r1 - r0 == 1 && kv->dtype == KVT_FP32 && t1 < t_end; /* decode, a next tile */
-        if (ask_on) kv_ask_tile(&ask, kv, l, tab, t1, t_end - t1 < KVT_ATTN_TILE ? t_end - t1 : KVT_ATTN_TILE, NH * nt);
+        /* pass 2: the softmax updates and sums of V */
+        if (vrows) { /* one row: query u is head u (qs above), and it sees nk keys of the tile */
+            int nk = kv->row_pos[r0] - t0 + 1 < nt ? kv->row_pos[r0] - t0 + 1 : nt;
+            if (nk <= 0) continue;
+            for (int h = 0; h < NH; h++)
+                tile_softmax_cpu(part + (((size_t)r0 * NH + h) * nsplit + sp) * (2 + HS), acc + (size_t)h * HS,
+                                 scores[h], nk, HS);
+            tile_v_rows_cpu(acc, scores, kv, NH, nk, nrun, at, kr, voff);
+            continue;
+        }
         for (int kh = 0, u = 0; kh < kv->NKV; kh++) {
             size_t off = (size_t)kh * HS; /* kv head kh's rows */
             for (int r = r0; r < r1; r++) {
@@ -2015,26 +2031,17 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
                     float *s = scores[u++];
                     if (nk <= 0) continue; /* all of this tile is in the row's future */
                     float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
-                    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-                    for (int j = 0; j < nk; j++) mx = s[j] > mx ? s[j] : mx;
-                    if (mx > pp[0]) { /* a new max: rescale what we have (once per tile at most) */
-                        float corr = expf(pp[0] - mx);
-                        pp[1] *= corr;
-                        for (int c = 0; c < HS; c++) pp[2 + c] *= corr;
-                        pp[0] = mx;
-                    }
-                    float m = pp[0];
-#pragma omp simd /* a vector of weights per instruction */
-                    for (int j = 0; j < nk; j++) s[j] = exp_neg_cpu(s[j] - m);
-                    pp[1] += tile_sum_cpu(s, nk);
+                    tile_softmax_cpu(pp, pp + 2, s, nk, HS);
                     for (int i = 0; i < nrun && at[i] < nk; i++)
                         kv_rows_axpy_cpu(kv, pp + 2, s + at[i], kr[i] + voff + off, sr[i] + vsoff + (size_t)kh * kv->HG,
-                                         (at[i + 1] < nk ? at[i + 1] : nk) - at[i], ask_on ? &ask : NULL);
+                                         (at[i + 1] < nk ? at[i + 1] : nk) - at[i]);
                 }
             }
         }
     }
+    for (int h = 0; vrows && h < NH; h++)
+        memcpy(part + (((size_t)r0 * NH + h) * nsplit + sp) * (2 + HS) + 2, acc + (size_t)h * HS, HS * sizeof(float));
+    free(acc);
     free(qs);
     free(scores);
 }

@@ -501,6 +501,8 @@ static void test_attention(int gpu) {
         {6, 6, 16, 5, 64, 40, 1, KVT_FP32, 16},
         {5, 5, 32, 7, 64, 30, 1, KVT_FP16, 32},
         {8, 8, 32, 16, 64, 45, 1, KVT_INT8, 16},   /* two groups per head: each head's own scales */
+        /* an fp32 decode row sums V key by key (tile_v_rows_cpu): GQA, tiles of 32 over chunks of 16 */
+        {8, 2, 64, 16, 128, 100, 1, KVT_FP32, 64},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         acase *c = &cases[i];
@@ -661,40 +663,6 @@ static void test_kv_write_bytes(void) {
         expect(!memcmp(k0, k1, nkv * 4) && !memcmp(v0, v1, nkv * 4),
                "kv write %s: gpu stores exactly the cpu's values (quantization included)", kvt_dtype_name(dts[i]));
         free(k0); free(v0); free(k1); free(v1);
-    }
-}
-
-/* The cursor with which a decode row's attention asks for the next tile's K
- * rows while it sums V (kv_ask, §10). Walked a line at a time it must give
- * every line of those rows once, in address order, then stop; and with its
- * own `per` it must be done within the V rows it was spread over. A tile of
- * positions 2..8 spans three chunks taken out of order (runs of 2, 4 and 1
- * rows), layer 1 of 2; the lines expected come from kv_index, row by row. */
-static void test_kv_ask(void) {
-    for (int dt = KVT_FP32; dt <= KVT_FP16; dt++) {
-        int NKV = 2, HS = 32, table[3] = {4, 1, 3}, tab = 0, pos = 8, len = 9, rows = 5, ok = 1, calls = 0;
-        kvt_pool p;
-        KVT_ASSERT(pool_init(&p, 0, 2, NKV, HS, 4, 6, (kvt_dtype)dt, 32) == KVT_OK);
-        kvt_kv kv = kv_view(&p, table, &tab, &pos, &len);
-        size_t row_bytes = kvt_dtype_size((kvt_dtype)dt, (size_t)NKV * HS), lines = 7 * row_bytes / 64;
-        kv_ask a;
-        kv_ask_tile(&a, &kv, 1, 0, 2, 7, rows);
-        int per = a.per;
-        for (int t = 2; t <= 8; t++) {
-            const char *row = (const char *)kv.data + kvt_dtype_size((kvt_dtype)dt, kv_index(&kv, 1, 0, 0, t, 0));
-            for (size_t b = 0; b < row_bytes; b += 64) {
-                ok &= a.p == row + b;
-                a.per = 1;
-                kv_ask_lines(&a);
-            }
-        }
-        ok &= a.p == NULL;
-        kv_ask_tile(&a, &kv, 1, 0, 2, 7, rows);
-        while (a.p && calls <= rows) { kv_ask_lines(&a); calls++; }
-        expect(ok && per == (int)((lines + rows - 1) / rows) && calls == rows,
-               "kv_ask %s: the next tile's %zu lines of K once each, in order, in %d V rows (took %d)",
-               kvt_dtype_name((kvt_dtype)dt), lines, rows, calls);
-        pool_free(&p);
     }
 }
 
@@ -3172,7 +3140,6 @@ int main(int argc, char **argv) {
     test_int8_group();
     test_attention(0);
     test_attention_ragged(0);
-    test_kv_ask();
     test_threads();
     test_gpu_split_rule();
     test_cache_on_off();
