@@ -1636,6 +1636,7 @@ static void kv_dots_cpu(const kvt_kv *kv, size_t ki, size_t si, size_t ks, const
  * changes no memory, so GCC (12, -O3) found this function free of effects
  * and deleted its calls; the V rows were never asked for (README: the fp16
  * and int8 caches were 1.4x and 1.33x slower at T 4000 without it).
+ * (Not for an fp32 decode row: its pass 2 reads V in memory order, §12.)
  * fp32 reads one byte of each line instead (a volatile load, which the
  * compiler must keep): its row is 48 lines in the 110M shape, asked for
  * while the K row's 48 are read, more than a core keeps in flight (about
