@@ -1927,7 +1927,7 @@ static inline void tile_softmax_cpu(float *pp, float *acc, float *s, int nk, int
  * the hardware prefetcher keeps ahead. Per kv head instead (the loop below
  * for other rows), 32 rows KVD apart, V had to be fetched during pass 1 and
  * still waited: 16 sequences at 960 positions, 110M shape, on the 2-core
- * Zen 4, all 12 layers' attention 85-104 -> 71-80 ms (3 runs each, README).
+ * Zen 4, all 12 layers' attention 77-86 -> 51-60 ms (3 runs each, README).
  * acc is the work item's own: part[] has other pieces' sums beside each
  * head's, and writing it key by key made the loop 4x slower in cache. */
 static void tile_v_rows_cpu(float *acc, float (*w)[KVT_ATTN_TILE], const kvt_kv *kv, int NH, int nk, int nrun,
@@ -2014,13 +2014,12 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
                                     &scores[kh * n][j], KVT_ATTN_TILE);
             }
         /* pass 2: the softmax updates and sums of V */
-        if (vrows) { /* one row: query u is head u (qs above), and it sees nk keys of the tile */
-            int nk = kv->row_pos[r0] - t0 + 1 < nt ? kv->row_pos[r0] - t0 + 1 : nt;
-            if (nk <= 0) continue;
+        if (vrows) { /* one row: query u is head u (qs above); its position p_max is at or past the
+                      * piece's last key t_end - 1, so it sees every key of the tile */
             for (int h = 0; h < NH; h++)
                 tile_softmax_cpu(part + (((size_t)r0 * NH + h) * nsplit + sp) * (2 + HS), acc + (size_t)h * HS,
-                                 scores[h], nk, HS);
-            tile_v_rows_cpu(acc, scores, kv, NH, nk, nrun, at, kr, voff);
+                                 scores[h], nt, HS);
+            tile_v_rows_cpu(acc, scores, kv, NH, nt, nrun, at, kr, voff);
             continue;
         }
         for (int kh = 0, u = 0; kh < kv->NKV; kh++) {
