@@ -1082,27 +1082,42 @@ static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, co
  * limit. Measured on the 2-core AMD EPYC (README, "One weight row at a
  * time"): one row of x, `--bench decode`, 0.88 -> 0.90 of the paired read
  * pass on the 110M shape and 0.66 -> 0.82 on the 15M shape (its 288-float
- * rows); 8 rows of x and more, the tile is faster. With AVX2 and 2 to 4
- * rows of x the loop asks for the stream KVT_ROW_AHEAD floats (2 KB) ahead,
- * one line per step, on into the next rows (past the end of w a hint never
- * faults): batch 4 on the 15M shape 1.15-1.27x faster than without on that
- * machine. With one row the same hint made decode slower there (0.81 ->
- * 0.75 of the paired pass), and on the AVX-512 Zen 4 it made 2 rows slower
- * (`--bench batch`, 15M shape, 3 runs alternating: batch 2 676-791 tokens/s
- * with it, 931-987 without), so only AVX2 builds ask. Measured, not
- * derived: KVT_ROW_HINT is the switch to measure it again. */
+ * rows); 8 rows of x and more, the tile is faster.
+ * hint: ask for the stream KVT_ROW_AHEAD floats (2 KB) ahead, one line per
+ * step, on into the next rows (past the end of w a hint never faults). The
+ * same hint helped on one machine and hurt on another, so row_hint_cpu
+ * below says where it is used, from what was measured. */
 #define KVT_ROW_X 4
 #define KVT_ROW_AHEAD 512
-#ifndef KVT_ROW_HINT
-#define KVT_ROW_HINT (KVT_VEC == 8)
+/* Whether the row loop asks ahead for NX rows of x, by what was measured on
+ * the development machines (README, "The row loop's hint, by machine"):
+ *  - Intel Xeon (AVX-512, 2 MB L2 per core): always. `--bench decode`, 110M
+ *    shape, 0.85 -> 0.95 of the paired read pass; batch 2 and 4 (15M shape)
+ *    1.05-1.2x faster. Its prefetcher stops at each 4 KiB page; this does not;
+ *  - AMD EPYC with AVX2 (Zen 1-3): 2 to 4 rows of x (batch 4, 15M shape,
+ *    1.15-1.27x faster), not one (decode 0.81 -> 0.75 of the paired pass);
+ *  - AMD Zen 4 (AVX-512): never (batch 2, 15M shape: 676-791 tokens/s with
+ *    it, 931-987 without).
+ * Other CPUs: as the AMD ones (not measured). -DKVT_ROW_HINT=0 or 1 fixes it,
+ * to measure it again. */
+static int row_hint_cpu(int NX) {
+#if defined(KVT_ROW_HINT)
+    (void)NX;
+    return KVT_ROW_HINT;
+#else
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_is("intel")) return 1; /* reads the CPU's vendor, found once at start-up */
 #endif
+    return KVT_VEC == 8 && NX > 1;
+#endif
+}
 static inline __attribute__((always_inline)) void matmul_row_cpu(float *out, const float *x, const float *wr,
-                                                                 int NX, int k, int d) {
+                                                                 int NX, int k, int d, int hint) {
     kvt_vec acc[KVT_ROW_X][2];
     for (int i = 0; i < NX; i++) acc[i][0] = acc[i][1] = (kvt_vec){0};
     int c = 0;
     for (; c + 2 * KVT_VEC <= k; c += 2 * KVT_VEC) {
-        if (KVT_ROW_HINT && NX > 1) __builtin_prefetch(wr + c + KVT_ROW_AHEAD);
+        if (hint) __builtin_prefetch(wr + c + KVT_ROW_AHEAD);
         kvt_vec w0 = vec_load(wr + c), w1 = vec_load(wr + c + KVT_VEC);
         for (int i = 0; i < NX; i++) {
             acc[i][0] += vec_load(x + (size_t)i * k + c) * w0;
@@ -1126,13 +1141,14 @@ static inline __attribute__((always_inline)) void matmul_row_cpu(float *out, con
 #define KVT_TILE_X (KVT_VEC == 16 ? 4 : 3)
 static void matmul_rows_part_cpu(float *out, const float *x, const float *w, int n, int k, int d, int j0, int j1) {
     if (n <= KVT_ROW_X) {
+        int hint = row_hint_cpu(n); /* the same for every row: the compiler moves the test out of the loop */
         for (int j = j0; j < j1; j++) {
             const float *wj = w + (size_t)j * k;
             switch (n) {
-            case 1: matmul_row_cpu(out + j, x, wj, 1, k, d); break;
-            case 2: matmul_row_cpu(out + j, x, wj, 2, k, d); break;
-            case 3: matmul_row_cpu(out + j, x, wj, 3, k, d); break;
-            default: matmul_row_cpu(out + j, x, wj, 4, k, d); break;
+            case 1: matmul_row_cpu(out + j, x, wj, 1, k, d, hint); break;
+            case 2: matmul_row_cpu(out + j, x, wj, 2, k, d, hint); break;
+            case 3: matmul_row_cpu(out + j, x, wj, 3, k, d, hint); break;
+            default: matmul_row_cpu(out + j, x, wj, 4, k, d, hint); break;
             }
         }
         return;
