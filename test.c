@@ -124,6 +124,21 @@ static void test_matmul_one(int gpu, const char *name, void (*fn)(float *, const
     buf_free(gpu, dx); buf_free(gpu, dw); buf_free(gpu, dout);
     free(x); free(w); free(ref); free(got); free(want);
 }
+/* The row loop with its hint fixed on or off, whichever this CPU's
+ * row_hint_cpu would pick: a hint changes no value, and both ways run on
+ * some machine, so both must give the right sums. */
+static int test_row_hint;
+static void row_loop_fixed_hint(float *out, const float *x, const float *w, int n, int k, int d) {
+    for (int j = 0; j < d; j++) {
+        const float *wj = w + (size_t)j * k;
+        switch (n) {
+        case 1: matmul_row_cpu(out + j, x, wj, 1, k, d, test_row_hint); break;
+        case 2: matmul_row_cpu(out + j, x, wj, 2, k, d, test_row_hint); break;
+        case 3: matmul_row_cpu(out + j, x, wj, 3, k, d, test_row_hint); break;
+        default: matmul_row_cpu(out + j, x, wj, 4, k, d, test_row_hint); break;
+        }
+    }
+}
 static void test_matmul(int gpu) {
     int shapes[][3] = {{1, 45, 70}, {5, 45, 70}, {17, 64, 33}, {1, 128, 97}, {40, 300, 130}};
     if (!gpu) { /* the CPU's own loops for every row count they serve: 1..4 rows one
@@ -133,6 +148,10 @@ static void test_matmul(int gpu) {
         for (int n = 1; n <= 17; n++)
             test_matmul_one(0, n <= KVT_ROW_X ? "cpu row loop" : "cpu tile loop", matmul_rows_cpu, n, 19 + 14 * n,
                             3 + 5 * n);
+        for (test_row_hint = 0; test_row_hint < 2; test_row_hint++) /* rows longer than the hint's 512 floats */
+            for (int n = 1; n <= KVT_ROW_X; n++)
+                test_matmul_one(0, test_row_hint ? "cpu row loop, hint on" : "cpu row loop, hint off",
+                                row_loop_fixed_hint, n, 1001 + 32 * n, 9);
         test_matmul_one(0, "cpu row loop", matmul_rows_cpu, 3, 7, 5); /* k < 16: leftovers only */
         test_matmul_one(0, "cpu tile loop", matmul_rows_cpu, 7, 7, 5);
         /* 42 chunks of 24 rows (the last one 19), a part of 21 chunks per core
