@@ -1137,11 +1137,12 @@ static inline __attribute__((always_inline)) void matmul_row_cpu(float *out, con
  * 16 registers 4 x 4 spill to memory, and 3 x 4 leave room for the 4 weight
  * vectors (measured on a 2-core AMD EPYC, 16 rows of the 110M shape's w1: 40
  * GFLOP/s with 4 rows of x per tile, 49 with 3). A switch gives each copy of
- * the loops a constant row count, which the compiler unrolls. */
+ * the loops a constant row count, which the compiler unrolls. hint: the row
+ * loop's (row_hint_cpu), the same for every row. */
 #define KVT_TILE_X (KVT_VEC == 16 ? 4 : 3)
-static void matmul_rows_part_cpu(float *out, const float *x, const float *w, int n, int k, int d, int j0, int j1) {
+static void matmul_rows_part_cpu(float *out, const float *x, const float *w, int n, int k, int d, int j0, int j1,
+                                 int hint) {
     if (n <= KVT_ROW_X) {
-        int hint = row_hint_cpu(n); /* the same for every row: the compiler moves the test out of the loop */
         for (int j = j0; j < j1; j++) {
             const float *wj = w + (size_t)j * k;
             switch (n) {
@@ -1186,8 +1187,9 @@ static void matmul_rows_part_cpu(float *out, const float *x, const float *w, int
 #define KVT_CHUNK_BYTES 98304
 #define KVT_CPU_THREADS 64 /* most cores that share a matmul's chunks (one counter each) */
 static void matmul_rows_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
+    int hint = row_hint_cpu(n);
     if ((long)n * d * k <= 100000) { /* too small to share */
-        matmul_rows_part_cpu(out, x, w, n, k, d, 0, d);
+        matmul_rows_part_cpu(out, x, w, n, k, d, 0, d, hint);
         return;
     }
     int rows = 4 * (int)(KVT_CHUNK_BYTES / (16L * k)); /* whole tiles of 4 rows, at most the chunk's bytes */
@@ -1205,7 +1207,7 @@ static void matmul_rows_cpu(float *out, const float *x, const float *w, int n, i
                 c = taken[part]++;
                 if (c0 + c >= c1) break;
                 int j0 = (c0 + c) * rows;
-                matmul_rows_part_cpu(out, x, w, n, k, d, j0, j0 + rows < d ? j0 + rows : d);
+                matmul_rows_part_cpu(out, x, w, n, k, d, j0, j0 + rows < d ? j0 + rows : d, hint);
             }
         }
     }

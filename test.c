@@ -129,15 +129,7 @@ static void test_matmul_one(int gpu, const char *name, void (*fn)(float *, const
  * some machine, so both must give the right sums. */
 static int test_row_hint;
 static void row_loop_fixed_hint(float *out, const float *x, const float *w, int n, int k, int d) {
-    for (int j = 0; j < d; j++) {
-        const float *wj = w + (size_t)j * k;
-        switch (n) {
-        case 1: matmul_row_cpu(out + j, x, wj, 1, k, d, test_row_hint); break;
-        case 2: matmul_row_cpu(out + j, x, wj, 2, k, d, test_row_hint); break;
-        case 3: matmul_row_cpu(out + j, x, wj, 3, k, d, test_row_hint); break;
-        default: matmul_row_cpu(out + j, x, wj, 4, k, d, test_row_hint); break;
-        }
-    }
+    matmul_rows_part_cpu(out, x, w, n, k, d, 0, d, test_row_hint);
 }
 static void test_matmul(int gpu) {
     int shapes[][3] = {{1, 45, 70}, {5, 45, 70}, {17, 64, 33}, {1, 128, 97}, {40, 300, 130}};
