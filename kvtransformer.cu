@@ -1092,14 +1092,16 @@ static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, co
 /* Whether the row loop asks ahead for NX rows of x, by what was measured on
  * the development machines (README, "The row loop's hint, by machine"):
  *  - Intel Xeon (AVX-512, 2 MB L2 per core): always. `--bench decode`, 110M
- *    shape, 0.85 -> 0.95 of the paired read pass; batch 2 and 4 (15M shape)
- *    1.05-1.2x faster. Its prefetcher stops at each 4 KiB page; this does not;
+ *    shape, 0.85 -> 0.96 of the paired read pass; batch 2 and 4 (15M shape)
+ *    about 1.1x and 1.15x faster. (Likely the tile's reason above: the
+ *    hardware prefetcher stops at every 4 KiB page, a hint does not.)
  *  - AMD EPYC with AVX2 (Zen 1-3): 2 to 4 rows of x (batch 4, 15M shape,
  *    1.15-1.27x faster), not one (decode 0.81 -> 0.75 of the paired pass);
  *  - AMD Zen 4 (AVX-512): never (batch 2, 15M shape: 676-791 tokens/s with
  *    it, 931-987 without).
- * Other CPUs: as the AMD ones (not measured). -DKVT_ROW_HINT=0 or 1 fixes it,
- * to measure it again. */
+ * Other CPUs take the AMD rule for their vector width (8 floats: 2 to 4
+ * rows; 16: never), not measured. -DKVT_ROW_HINT=0 or 1 fixes it, to
+ * measure it again. */
 static int row_hint_cpu(int NX) {
 #if defined(KVT_ROW_HINT)
     (void)NX;
