@@ -1084,7 +1084,8 @@ static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, co
  * pass on the 110M shape and 0.66 -> 0.82 on the 15M shape (its 288-float
  * rows); 8 rows of x and more, the tile is faster.
  * hint: ask for the stream KVT_ROW_AHEAD floats (2 KB) ahead, one line per
- * step, on into the next rows (past the end of w a hint never faults). The
+ * step (with AVX2 every line, with AVX-512 every other), on into the next
+ * rows (past the end of w a hint never faults). The
  * same hint helped on one machine and hurt on another, so row_hint_cpu
  * below says where it is used, from what was measured. */
 #define KVT_ROW_X 4
@@ -2013,8 +2014,8 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
     size_t rsc = (size_t)kv->NKV * kv->HG, vsoff = (size_t)kv->CH * rsc;
     /* an fp32 decode row sums V in memory order, into acc (NH, HS), copied to part[] at the end */
     int vrows = r1 - r0 == 1 && kv->dtype == KVT_FP32;
-    float *acc = vrows ? (float *)calloc((size_t)NH * HS, sizeof(float)) : NULL;
-    KVT_ASSERT(acc || !vrows);
+    float *acc = vrows ? (float *)kvt_malloc((size_t)NH * HS * sizeof(float)) : NULL;
+    for (int c = 0; vrows && c < NH * HS; c++) acc[c] = 0.0f;
     for (int t0 = t_begin, nt; t0 < t_end; t0 += nt) {
         nt = t_end - t0 < KVT_ATTN_TILE ? t_end - t0 : KVT_ATTN_TILE;
         nrun = tile_runs_cpu(kv, l, tab, t0, nt, at, kr, sr);
