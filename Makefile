@@ -70,11 +70,11 @@ endif
 
 # The C build: the kernels run in the OpenMP emulation (kvtransformer.cu §2).
 # -ffp-contract=fast: a*b+c may be one fused multiply-add (GCC's default in GNU
-# mode, off under -std=c11); the matmul tile (§9) needs it for full speed.
-# -fno-trapping-math: no floating-point operation traps (nothing here turns
-# traps on; clang's default): GCC may then compute both sides of a `? :` on
-# floats, which the vectorizer needs for exp_neg_cpu's loop (§9). It changes
-# no result: no reordering, no other rounding.
+# mode, off under -std=c11); the matmul tile (§9, cpu/matmul.c) needs it for
+# full speed. -fno-trapping-math: no floating-point operation traps (nothing
+# here turns traps on; clang's default): GCC may then compute both sides of a
+# `? :` on floats, which the vectorizer needs for exp_neg_cpu's loop
+# (cpu/attention.c). It changes no result: no reordering, no other rounding.
 CFLAGS  ?= -O3 -march=native
 C_ALL    = -x c -std=c11 -Wall -Wextra -fopenmp -ffp-contract=fast -fno-trapping-math $(CFLAGS) $(BLAS_CFLAGS)
 # The nvcc build: real kernels for Ampere (sm_80) and Hopper (sm_90).
@@ -127,8 +127,9 @@ ifneq ($(HAVE_BLAS),yes)
 	fi
 endif
 
-# kvtransformer.cu includes cli/*.c (the end of §4 and of §15, §16-§18, §20) and bench/bench.c (§19): one program.
-SRCS = kvtransformer.cu kvtransformer.h bench/bench.c $(wildcard cli/*.c)
+# kvtransformer.cu includes cli/*.c (the end of §4 and of §15, §16-§18, §20), cpu/*.c (§9, §10)
+# and bench/bench.c (§19): one program.
+SRCS = kvtransformer.cu kvtransformer.h bench/bench.c $(wildcard cli/*.c) $(wildcard cpu/*.c)
 
 kvt: $(SRCS) Makefile
 	$(COMPILE) kvtransformer.cu -o $@ $(LIBS) $(LINKX)

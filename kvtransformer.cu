@@ -24,7 +24,9 @@
  *   §10 rope, kv write (+ quantize)       §20 command line
  * (§16-§20, the random model at the end of §4 and the pool's printer and
  * checks at the end of §15 are the harness around the lesson: files in cli/
- * and bench/, included in their place, so it is still one compile.)
+ * and bench/, included in their place, so it is still one compile. So are
+ * the CPU's tuned vector loops of §9 and §10, in cpu/matmul.c and
+ * cpu/attention.c: the specs they are checked against stay here.)
  *
  * Dimensions: L layers, D model dim, NH query heads, NKV kv heads, HS head size,
  *   KVD = NKV*HS, HD FFN hidden, V vocab, T positions so far, TMAX max positions,
@@ -49,7 +51,7 @@
 #include <cblas.h>
 #include <omp.h>
 #if defined(__AVX__) || defined(__F16C__) || defined(__AVX512F__)
-#include <immintrin.h> /* fp16/int8 conversions (§10), horizontal sums (§9) */
+#include <immintrin.h> /* fp16/int8 conversions, horizontal sums (cpu/) */
 #endif
 #include "kvtransformer.h"
 
@@ -942,288 +944,24 @@ static void rmsnorm_gpu(float *out, const float *x, const float *w, int n, int D
  * A batch of n decode rows does 2n flops per weight read, so up to a few rows
  * are nearly free; only around n ~ 8-16 does arithmetic become the limit here.
  *
- * The CPU path: loops of our own for decode and batches (each weight row
- * read from memory once for all n rows: one weight row at a time up to
- * KVT_ROW_X rows, tiles of 4 weight rows from there), OpenBLAS's sgemm for
- * prefill pieces of KVT_SGEMM_ROWS rows and more. */
+ * The CPU path: loops of our own for decode and batches (matmul_rows_cpu:
+ * each weight row read from memory once for all n rows, one weight row at a
+ * time up to KVT_ROW_X rows, tiles of 4 weight rows from there; with the
+ * vector type kvt_vec that attention uses too, they are in cpu/matmul.c,
+ * included here), OpenBLAS's sgemm for prefill pieces of KVT_SGEMM_ROWS rows
+ * and more. */
+#include "cpu/matmul.c"
 
-/* KVT_VEC floats as one C value: one register, 16 with AVX-512, else 8 (one
- * AVX2 register, two NEON ones). GCC and Clang compile `acc += a * b` on this
- * type to vector multiply-adds. It is used where running sums must stay in
- * registers, the matmul tile here and attention's inner loops (§10, §12):
- * written with float arrays, the compiler keeps them in memory (measured on
- * the tile: 36 GFLOP/s with arrays, 105 with this type). One register, not
- * more: AVX2 has 16 registers, and a 16-float type takes two of them, so the
- * 4 x 4 running sums of the tile below would spill to memory. */
-#if defined(__AVX512F__)
-#define KVT_VEC 16
-#else
-#define KVT_VEC 8
-#endif
-typedef float kvt_vec __attribute__((vector_size(KVT_VEC * sizeof(float))));
-#if defined(__GNUC__) && !defined(__clang__) /* "a 64-byte vector without AVX-512 changes the ABI": */
-#pragma GCC diagnostic ignored "-Wpsabi"     /* these functions are all static, no ABI is crossed */
-#endif
-static inline kvt_vec vec_load(const float *p) { /* any alignment */
-    kvt_vec v;
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
-
-/* The lanes added up. With AVX-512 the instruction set has a helper for it
- * (halves added to halves; attention does one per score). Elsewhere a tree of
- * lane reads: v[i] reads a lane in place, while copying v to an array first
- * would send it through memory. */
-static inline float vec_sum(kvt_vec v) {
-#if KVT_VEC == 16
-    return _mm512_reduce_add_ps(v);
-#else
-    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
-#endif
-}
-/* out[u * os] = scale * (the lanes of a_u added up), u = 0..3. With AVX
- * (8 lanes) one tree serves all four: a horizontal add adds neighbouring
- * lanes of two vectors at once, so three of them and one add of the two
- * halves leave the four sums side by side (five instructions, where four
- * vec_sum take about twenty). Elsewhere, vec_sum four times. */
-static inline void vec_sum4(kvt_vec a0, kvt_vec a1, kvt_vec a2, kvt_vec a3, float scale, float *out, int os) {
-#if KVT_VEC == 8 && defined(__AVX__)
-    __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3)); /* lane i: part of a_(i % 4) */
-    __m128 r = _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)), _mm_set1_ps(scale));
-    float v[4];
-    _mm_storeu_ps(v, r);
-    out[0] = v[0];
-    out[os] = v[1];
-    out[2 * os] = v[2];
-    out[3 * os] = v[3];
-#else
-    out[0] = scale * vec_sum(a0);
-    out[os] = scale * vec_sum(a1);
-    out[2 * os] = scale * vec_sum(a2);
-    out[3 * os] = scale * vec_sum(a3);
-#endif
-}
-/* e^x for x <= 0 (softmax weights), as plain arithmetic so that a loop over a
- * tile's scores vectorizes; expf is a library call, one value at a time, and
- * it was the largest cost of CPU attention. e^x = 2^k * e^r with
- * k = round(x / ln 2) and r = x - k ln 2 in [-0.35, 0.35], where the Taylor
- * series of e^r to r^7 is exact to 6e-9 (below float rounding). ln 2 is split
- * into a part with few bits (k * LN2_HI is exact) and the rest (Cody & Waite
- * 1980). 2^k is built from its exponent bits. Below -87, e^x would be a
- * subnormal float: 0 there. make test compares it with exp() in float64.
- * GCC vectorizes the loop only when it may evaluate both sides of the `? :`
- * (-fno-trapping-math, in the Makefile); without it, one value at a time. */
-static inline float exp_neg_cpu(float x) {
-    const float LOG2E = 1.44269504f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f, ROUND = 12582912.0f;
-    float xc = x < -87.0f ? -87.0f : x;
-    float k = (xc * LOG2E + ROUND) - ROUND; /* round to nearest: 1.5 * 2^23 drops the fraction bits */
-    float r = (xc - k * LN2_HI) - k * LN2_LO;
-    float p = 1.0f + r * (1.0f + r * (1.0f / 2 + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 +
-              r * (1.0f / 720 + r * (1.0f / 5040)))))));
-    uint32_t bits = (uint32_t)((int32_t)k + 127) << 23; /* 2^k: k in [-126, 0] */
-    float two_k;
-    memcpy(&two_k, &bits, sizeof(two_k));
-    return x < -87.0f ? 0.0f : p * two_k;
-}
-
-/* One tile: NX rows of x against 4 rows of w, 4*NX dot products of length k
- * computed together. Each KVT_VEC floats of a weight row are loaded once and used
- * for all NX rows of x; each KVT_VEC floats of x serve 4 weight rows.
- *
- *            w rows j..j+3 (streamed from memory, once)
- *   x row 0  [acc00 acc01 acc02 acc03]      acc = KVT_VEC partial sums each,
- *   x row 1  [acc10 ...              ]      added up at the end
- *   ...      (NX <= 4 rows, in cache)
- *
- * nw < 4 at the last tile of w: the missing rows repeat row 0 (so nothing is
- * read past w) and are not stored. pf: this is the first tile of x for
- * these weight rows (it asks for the next ones). NX is a constant at every
- * call site, so the compiler unrolls the loops over it and keeps acc in
- * registers. */
-static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, const float *x, const float *w,
-                                                                  int NX, int nw, int k, int d, int pf) {
-    const float *wr[4];
-    kvt_vec acc[4][4];
-    for (int j = 0; j < 4; j++) wr[j] = w + (size_t)(j < nw ? j : 0) * k;
-    for (int i = 0; i < NX; i++)
-        for (int j = 0; j < 4; j++) acc[i][j] = (kvt_vec){0};
-    int c = 0;
-    for (; c + KVT_VEC <= k; c += KVT_VEC) {
-        kvt_vec wv[4];
-        for (int j = 0; j < 4; j++) {
-            wv[j] = vec_load(wr[j] + c);
-            /* Ask now for the same columns of the next tile's rows (4 rows on):
-             * the hardware prefetcher stops at every 4 KiB page, this does not
-             * (measured +10% on a 32000 x 768 decode matmul). A prefetch past
-             * the end of w is harmless: it never faults. Only the first tile
-             * of x asks (pf): the others read the same weight rows, so their
-             * prefetches were repeats (dropping them: 4 rows 1.1x faster). */
-            if (pf) __builtin_prefetch(wr[j] + c + 4 * (size_t)k);
-        }
-        for (int i = 0; i < NX; i++) {
-            kvt_vec xv = vec_load(x + (size_t)i * k + c);
-            for (int j = 0; j < 4; j++) acc[i][j] += xv * wv[j];
-        }
-    }
-    for (int i = 0; i < NX; i++)
-        for (int j = 0; j < nw; j++) {
-            float s = vec_sum(acc[i][j]);
-            for (int cc = c; cc < k; cc++) s += x[(size_t)i * k + cc] * wr[j][cc]; /* k % KVT_VEC leftovers */
-            out[(size_t)i * d + j] = s;
-        }
-}
-/* One weight row against all NX <= KVT_ROW_X rows of x: the row is read
- * front to back, two vectors at a time, each vector used for every row of x
- * (2 x NX running sums). This is decode's and a small batch's matmul: there
- * memory is the limit, and one weight row after the other is one plain
- * stream per core. The tile above reads 4 weight rows side by side (4
- * streams, plus its hints) to load each vector of x once for 4 weight rows,
- * which pays once there are enough rows of x for the arithmetic to be the
- * limit. Measured on the 2-core AMD EPYC (README, "One weight row at a
- * time"): one row of x, `--bench decode`, 0.88 -> 0.90 of the paired read
- * pass on the 110M shape and 0.66 -> 0.82 on the 15M shape (its 288-float
- * rows); 8 rows of x and more, the tile is faster.
- * hint: ask for the stream KVT_ROW_AHEAD floats (2 KB) ahead, one line per
- * step (with AVX2 every line, with AVX-512 every other), on into the next
- * rows (past the end of w a hint never faults). The
- * same hint helped on one machine and hurt on another, so row_hint_cpu
- * below says where it is used, from what was measured. */
-#define KVT_ROW_X 4
-#define KVT_ROW_AHEAD 512
-/* Whether the row loop asks ahead for NX rows of x, by what was measured on
- * the development machines (README, "The row loop's hint, by machine"):
- *  - Intel Xeon (AVX-512, 2 MB L2 per core): always. `--bench decode`, 110M
- *    shape, 0.85 -> 0.96 of the paired read pass; batch 2 and 4 (15M shape)
- *    about 1.1x and 1.15x faster. (Likely the tile's reason above: the
- *    hardware prefetcher stops at every 4 KiB page, a hint does not.)
- *  - AMD EPYC with AVX2 (Zen 1-3): 2 to 4 rows of x (batch 4, 15M shape,
- *    1.15-1.27x faster), not one (decode 0.81 -> 0.75 of the paired pass);
- *  - AMD Zen 4 (AVX-512): never (batch 2, 15M shape: 676-791 tokens/s with
- *    it, 931-987 without).
- * Other CPUs take the AMD rule for their vector width (8 floats: 2 to 4
- * rows; 16: never), not measured. -DKVT_ROW_HINT=0 or 1 fixes it, to
- * measure it again. */
-static int row_hint_cpu(int NX) {
-#if defined(KVT_ROW_HINT)
-    (void)NX;
-    return KVT_ROW_HINT;
-#else
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_is("intel")) return 1; /* reads the CPU's vendor, found once at start-up */
-#endif
-    return KVT_VEC == 8 && NX > 1;
-#endif
-}
-static inline __attribute__((always_inline)) void matmul_row_cpu(float *out, const float *x, const float *wr,
-                                                                 int NX, int k, int d, int hint) {
-    kvt_vec acc[KVT_ROW_X][2];
-    for (int i = 0; i < NX; i++) acc[i][0] = acc[i][1] = (kvt_vec){0};
-    int c = 0;
-    for (; c + 2 * KVT_VEC <= k; c += 2 * KVT_VEC) {
-        if (hint) __builtin_prefetch(wr + c + KVT_ROW_AHEAD);
-        kvt_vec w0 = vec_load(wr + c), w1 = vec_load(wr + c + KVT_VEC);
-        for (int i = 0; i < NX; i++) {
-            acc[i][0] += vec_load(x + (size_t)i * k + c) * w0;
-            acc[i][1] += vec_load(x + (size_t)i * k + c + KVT_VEC) * w1;
-        }
-    }
-    for (int i = 0; i < NX; i++) {
-        float s = vec_sum(acc[i][0] + acc[i][1]);
-        for (int cc = c; cc < k; cc++) s += x[(size_t)i * k + cc] * wr[cc]; /* k % (2 KVT_VEC) leftovers */
-        out[(size_t)i * d] = s;
-    }
-}
-/* Rows j0..j1-1 of w against all n rows of x. Up to KVT_ROW_X rows of x: one
- * weight row at a time (matmul_row_cpu). More: for every 4 rows of w (read
- * from memory once), all rows of x, KVT_TILE_X at a time. KVT_TILE_X x 4
- * running sums must fit in the registers: 16 of AVX-512's 32, but with AVX2's
- * 16 registers 4 x 4 spill to memory, and 3 x 4 leave room for the 4 weight
- * vectors (measured on a 2-core AMD EPYC, 16 rows of the 110M shape's w1: 40
- * GFLOP/s with 4 rows of x per tile, 49 with 3). A switch gives each copy of
- * the loops a constant row count, which the compiler unrolls. hint: the row
- * loop's (row_hint_cpu), the same for every row. */
-#define KVT_TILE_X (KVT_VEC == 16 ? 4 : 3)
-static void matmul_rows_part_cpu(float *out, const float *x, const float *w, int n, int k, int d, int j0, int j1,
-                                 int hint) {
-    if (n <= KVT_ROW_X) {
-        for (int j = j0; j < j1; j++) {
-            const float *wj = w + (size_t)j * k;
-            switch (n) {
-            case 1: matmul_row_cpu(out + j, x, wj, 1, k, d, hint); break;
-            case 2: matmul_row_cpu(out + j, x, wj, 2, k, d, hint); break;
-            case 3: matmul_row_cpu(out + j, x, wj, 3, k, d, hint); break;
-            default: matmul_row_cpu(out + j, x, wj, 4, k, d, hint); break;
-            }
-        }
-        return;
-    }
-    for (int j = j0; j < j1; j += 4) {
-        int nw = d - j < 4 ? d - j : 4;
-        for (int i = 0; i < n; i += KVT_TILE_X) {
-            float *o = out + (size_t)i * d + j;
-            const float *xi = x + (size_t)i * k, *wj = w + (size_t)j * k;
-            switch (n - i < KVT_TILE_X ? n - i : KVT_TILE_X) {
-            case 1: matmul_tile_cpu(o, xi, wj, 1, nw, k, d, i == 0); break;
-            case 2: matmul_tile_cpu(o, xi, wj, 2, nw, k, d, i == 0); break;
-            case 3: matmul_tile_cpu(o, xi, wj, 3, nw, k, d, i == 0); break;
-            default: matmul_tile_cpu(o, xi, wj, 4, nw, k, d, i == 0); break;
-            }
-        }
-    }
-}
-/* All rows of w, on all cores. They are cut into chunks of about
- * KVT_CHUNK_BYTES (whole tiles), and the chunks into one part of consecutive
- * chunks per core. Each core streams its own part front to back, then takes
- * the untaken chunks of the other parts. A chunk is claimed by adding 1 to
- * its part's counter (a core that gets a number past the part's end knows the
- * part is done), so each chunk runs once.
- *
- * Why not `omp for schedule(static)`, an equal part each and no more: on the
- * 2-core VM one core then waited for the other at the end of every matmul,
- * 23% to 27% of the call's time for decode on the 110M shape's smaller
- * weights (the two cores' speed varies from call to call; neither is always
- * the slower); decode gave 0.85 of a paired read pass, 0.90 with this
- * (medians of 5; chunks of 48 or 192 KB were no better). Nor
- * schedule(dynamic): it deals the chunks out in turn, so each core's stream
- * of rows breaks at every chunk (and its prefetch of the next rows asks for
- * the other core's); measured slower than static. */
-#define KVT_CHUNK_BYTES 98304
-#define KVT_CPU_THREADS 64 /* most cores that share a matmul's chunks (one counter each) */
-static void matmul_rows_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
-    int hint = row_hint_cpu(n);
-    if ((long)n * d * k <= 100000) { /* too small to share */
-        matmul_rows_part_cpu(out, x, w, n, k, d, 0, d, hint);
-        return;
-    }
-    int rows = 4 * (int)(KVT_CHUNK_BYTES / (16L * k)); /* whole tiles of 4 rows, at most the chunk's bytes */
-    if (rows < 4) rows = 4;
-    int nch = kvt_cdiv(d, rows), taken[KVT_CPU_THREADS] = {0}; /* chunks taken from each part */
-#pragma omp parallel
-    {
-        int nt = omp_get_num_threads() < KVT_CPU_THREADS ? omp_get_num_threads() : KVT_CPU_THREADS;
-        int id = omp_get_thread_num();
-        for (int r = 0; id < nt && r < nt; r++) { /* its own part first, then the others' */
-            int part = (id + r) % nt, c0 = (int)((long)nch * part / nt), c1 = (int)((long)nch * (part + 1) / nt);
-            for (;;) {
-                int c;
-#pragma omp atomic capture
-                c = taken[part]++;
-                if (c0 + c >= c1) break;
-                int j0 = (c0 + c) * rows;
-                matmul_rows_part_cpu(out, x, w, n, k, d, j0, j0 + rows < d ? j0 + rows : d, hint);
-            }
-        }
-    }
-}
 /* Prefill: OpenBLAS's sgemm, which blocks for every cache level and beats the
  * tile loop once there are enough rows to reuse each weight many times. Each
  * core calls a single-threaded sgemm on its own columns of out: one thread
  * pool (OpenMP's) serves the whole program, instead of OpenBLAS's threads and
  * ours spinning against each other on the same cores. Here one core waits
  * for the other too (18% of sgemm's time in a prefill of 960 tokens), but
- * sharing chunks as above made that prefill slower, by 1.3x (chunks of 32
- * columns) to 1.6x (128 columns): one narrow sgemm call runs at about half
- * the speed of a wide one (15-19 against 32 GFLOP/s, 256 rows of x). */
+ * sharing chunks as matmul_rows_cpu does made that prefill slower, by 1.3x
+ * (chunks of 32 columns) to 1.6x (128 columns): one narrow sgemm call runs
+ * at about half the speed of a wide one (15-19 against 32 GFLOP/s, 256 rows
+ * of x). */
 #define KVT_SGEMM_ROWS 32 /* from this many rows on, sgemm (measured: --bench matmul, README) */
 static void matmul_sgemm_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
 #pragma omp parallel
@@ -1527,211 +1265,10 @@ KVT_HD void kv_axpy(const kvt_kv *kv, size_t i, float w, float *acc, int HS) {
  * positions by default) made the fp16 cache 20% slower from memory than
  * tiles of 32 on the Xeon (a tile's fixed costs, its max, exponentials and sums, are paid
  * once per query and tile). */
-/* KVT_VEC stored values -> KVT_VEC floats, in registers. fp16: the values of
- * f16_to_f32 (the spec), by the hardware where the compiler offers it: one
- * instruction with AVX-512 or F16C (x86 since 2012), Arm's native half type.
- * One at a time in software, the conversion cost more than the bytes fp16
- * saves (the fp16 cache was 2x slower than fp32). make test checks all 65,536
- * halves. int8: widened and converted, two instructions with AVX-512 or AVX2
- * (GCC 12 turns the plain loop and __builtin_convertvector into a dozen). */
-static inline kvt_vec vec_load_f16(const uint16_t *p) {
-    kvt_vec v;
-#if KVT_VEC == 16
-    v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-#elif defined(__F16C__)
-    v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-#elif defined(__ARM_FP16_FORMAT_IEEE) && !defined(__CUDACC__)
-    for (int i = 0; i < KVT_VEC; i++) v[i] = (float)((const __fp16 *)p)[i];
-#else
-    for (int i = 0; i < KVT_VEC; i++) v[i] = f16_to_f32(p[i]);
-#endif
-    return v;
-}
-static inline kvt_vec vec_load_i8(const int8_t *p) {
-    kvt_vec v;
-#if KVT_VEC == 16
-    v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-#elif defined(__AVX2__)
-    v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-#else
-    for (int i = 0; i < KVT_VEC; i++) v[i] = (float)p[i];
-#endif
-    return v;
-}
-
-/* The CPU's kv_dot and kv_axpy, which the fused attention (§12) runs on: the
- * same sums, KVT_VEC values at a time, fp16 and int8 converted in registers as they
- * are read, so the cache is read once in its stored type (the bytes fp16 and
- * int8 save are bytes not read). ki: element index of a row's first value;
- * si: index of its first int8 scale. Leftovers (HS or G not a multiple of KVT_VEC)
- * go one value at a time. */
-static inline float kv_row_dot_cpu(const kvt_kv *kv, size_t ki, size_t si, const float *q) {
-    int HS = kv->HS, c = 0;
-    kvt_vec acc = {0};
-    float s = 0.0f;
-    if (kv->dtype == KVT_FP32) {
-        const float *k = (const float *)kv->data + ki;
-        for (; c + KVT_VEC <= HS; c += KVT_VEC) acc += vec_load(q + c) * vec_load(k + c);
-        for (; c < HS; c++) s += q[c] * k[c];
-    } else if (kv->dtype == KVT_FP16) {
-        const uint16_t *k = (const uint16_t *)kv->data + ki;
-        for (; c + KVT_VEC <= HS; c += KVT_VEC) acc += vec_load(q + c) * vec_load_f16(k + c);
-        for (; c < HS; c++) s += q[c] * f16_to_f32(k[c]);
-    } else { /* per group, q . k in the integers' units, then one multiply by its scale */
-        const int8_t *k = (const int8_t *)kv->data + ki;
-        const float *sc = kv->scales + si;
-        for (int g = 0; g < HS; g += kv->G, sc++) {
-            kvt_vec part = {0};
-            float tail = 0.0f;
-            for (c = g; c + KVT_VEC <= g + kv->G; c += KVT_VEC) part += vec_load(q + c) * vec_load_i8(k + c);
-            for (; c < g + kv->G; c++) tail += q[c] * (float)k[c];
-            acc += *sc * part;
-            s += *sc * tail;
-        }
-    }
-    return vec_sum(acc) + s;
-}
-/* KVT_VEC stored values at element i of data as floats (int8 without its scale). */
-static inline __attribute__((always_inline)) kvt_vec kv_load_vec_cpu(const void *data, int dtype, size_t i) {
-    if (dtype == KVT_FP32) return vec_load((const float *)data + i);
-    if (dtype == KVT_FP16) return vec_load_f16((const uint16_t *)data + i);
-    return vec_load_i8((const int8_t *)data + i);
-}
-/* Four dot products: out[u * os] = scale * q[u] . (K row u), row u the HS
- * values at element ki + u * ks; int8: in G-value groups, each times its
- * scale, row u's from sc + u * ss (ss = ks / G). Four independent sums (one
- * sum would wait on its own previous add at every step). ks = 0: one row for four
- * queries (the rows of a prefill block, the query heads that share a kv
- * head), loaded and converted once; ks = HS: four kv heads side by side (a
- * decode row, one query per kv head). For fp32 and fp16 the caller passes
- * G = HS and sc = NULL. */
-static inline __attribute__((always_inline)) void kv_dot4_cpu(const void *data, int dtype, const float *sc, int HS,
-                                                             int G, size_t ki, size_t ks, size_t ss,
-                                                             const float *const *q, float scale, float *out, int os) {
-    kvt_vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    for (int g = 0, gi = 0; g < HS; g += G, gi++) { /* gi: the group's index in the row */
-        kvt_vec p0 = {0}, p1 = {0}, p2 = {0}, p3 = {0};
-        for (int c = g; c < g + G; c += KVT_VEC) {
-            kvt_vec k0 = kv_load_vec_cpu(data, dtype, ki + c), k1 = k0, k2 = k0, k3 = k0;
-            if (ks) {
-                k1 = kv_load_vec_cpu(data, dtype, ki + ks + c);
-                k2 = kv_load_vec_cpu(data, dtype, ki + 2 * ks + c);
-                k3 = kv_load_vec_cpu(data, dtype, ki + 3 * ks + c);
-            }
-            p0 += vec_load(q[0] + c) * k0;
-            p1 += vec_load(q[1] + c) * k1;
-            p2 += vec_load(q[2] + c) * k2;
-            p3 += vec_load(q[3] + c) * k3;
-        }
-        if (!sc) { a0 += p0; a1 += p1; a2 += p2; a3 += p3; continue; }
-        a0 += sc[gi] * p0;
-        a1 += sc[ss + gi] * p1;
-        a2 += sc[2 * ss + gi] * p2;
-        a3 += sc[3 * ss + gi] * p3;
-    }
-    vec_sum4(a0, a1, a2, a3, scale, out, os);
-}
-/* out[u * os] = scale * q[u] . (K row at element ki + u * ks) for the n
- * queries q[0..n-1]: four at a time where KVT_VEC divides HS (and G), the
- * rest with kv_row_dot_cpu. si: the int8 scale index of the row at ki (ki /
- * G, which the caller keeps up to date by additions: a 64-bit division per
- * key made int8 attention 1.05x slower, README); 0 for fp32 and fp16. */
-static void kv_dots_cpu(const kvt_kv *kv, size_t ki, size_t si, size_t ks, const float *const *q, int n,
-                        float scale, float *out, int os) {
-    int u = 0, HS = kv->HS, G = kv->G, dt = kv->dtype;
-    size_t ss = ks ? (size_t)kv->HG : 0; /* row u's scales: u * ss further (ks is HS or 0) */
-    if (HS % KVT_VEC == 0 && (dt == KVT_FP32 || dt == KVT_FP16 || (dt == KVT_INT8 && G % KVT_VEC == 0)))
-        for (; u + 4 <= n; u += 4) {
-            size_t k = ki + u * ks;
-            float *o = out + (size_t)u * os;
-            if (dt == KVT_FP32) kv_dot4_cpu(kv->data, KVT_FP32, NULL, HS, HS, k, ks, 0, q + u, scale, o, os);
-            else if (dt == KVT_FP16) kv_dot4_cpu(kv->data, KVT_FP16, NULL, HS, HS, k, ks, 0, q + u, scale, o, os);
-            else kv_dot4_cpu(kv->data, KVT_INT8, kv->scales + si + u * ss, HS, G, k, ks, ss, q + u, scale, o, os);
-        }
-    for (; u < n; u++) out[(size_t)u * os] = scale * kv_row_dot_cpu(kv, ki + u * ks, si + u * ss, q[u]);
-}
-/* Ask the memory for one position's row of every kv head (K or V), starting
- * at element i (int8: its first scale si), before it is needed: the row's
- * cache lines and its int8 scales. A hint: the core does not wait for it,
- * and it never faults. always_inline, or the hint is lost: a prefetch
- * changes no memory, so GCC (12, -O3) found this function free of effects
- * and deleted its calls; the V rows were never asked for (README: the fp16
- * and int8 caches were 1.4x and 1.33x slower at T 4000 without it).
- * (Not for an fp32 decode row: its pass 2 reads V in memory order, §12.)
- * fp32 reads one byte of each line instead (a volatile load, which the
- * compiler must keep): its row is 48 lines in the 110M shape, asked for
- * while the K row's 48 are read, more than a core keeps in flight (about
- * 22 lines, measured on Zen 1: README), and a hint that finds no room may
- * be dropped where a load waits. With hints the sums of V that follow took
- * 0.70 ms at T 4000, with loads 0.33, run again from cache 0.22. fp16 and
- * int8 rows are 24 and 12 lines, and loads were slower for them than hints
- * (they hold up the conversions behind them). */
-static inline __attribute__((always_inline)) void kv_prefetch_row(const kvt_kv *kv, size_t i, size_t si) {
-    kvt_dtype dt = (kvt_dtype)kv->dtype;
-    size_t KVD = (size_t)kv->NKV * kv->HS, bytes = kvt_dtype_size(dt, KVD);
-    size_t scale_bytes = kv->scales ? (size_t)kv->NKV * kv->HG * sizeof(float) : 0;
-    const char *p = (const char *)kv->data + kvt_dtype_size(dt, i);
-    const char *sp = kv->scales ? (const char *)(kv->scales + si) : NULL;
-    if (dt == KVT_FP32)
-        for (size_t b = 0; b < bytes; b += 64) (void)*(const volatile char *)(p + b);
-    else
-        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
-    for (size_t b = 0; b < scale_bytes; b += 64) __builtin_prefetch(sp + b);
-}
-/* acc[0 .. NB * KVT_VEC) += sum_j w[j] * (the same channels of row j), row j
- * at element i + j * KVD. The NB running sums stay in registers across all n
- * rows, and each row's NB vectors are read together: whole cache lines, in
- * the order they lie. NB and dtype are constants at each call site: the
- * compiler makes one copy of the loop per pair. */
-static inline __attribute__((always_inline)) void kv_axpy_cols_cpu(float *acc, const void *data, int dtype,
-                                                                  const float *w, size_t i, size_t KVD, int n, int NB) {
-    kvt_vec a[4];
-    for (int b = 0; b < NB; b++) a[b] = vec_load(acc + b * KVT_VEC);
-    for (int j = 0; j < n; j++, i += KVD)
-        for (int b = 0; b < NB; b++) a[b] += w[j] * kv_load_vec_cpu(data, dtype, i + b * KVT_VEC);
-    for (int b = 0; b < NB; b++) memcpy(acc + b * KVT_VEC, &a[b], sizeof(a[b]));
-}
-/* The same for the cache's type: one copy of the loop per type (and per NB,
- * a constant at each call site). */
-static inline __attribute__((always_inline)) void kv_axpy_cols_kv_cpu(const kvt_kv *kv, float *acc, const float *w,
-                                                                     size_t i, int n, int NB) {
-    size_t KVD = (size_t)kv->NKV * kv->HS;
-    if (kv->dtype == KVT_FP32) kv_axpy_cols_cpu(acc, kv->data, KVT_FP32, w, i, KVD, n, NB);
-    else if (kv->dtype == KVT_FP16) kv_axpy_cols_cpu(acc, kv->data, KVT_FP16, w, i, KVD, n, NB);
-    else kv_axpy_cols_cpu(acc, kv->data, KVT_INT8, w, i, KVD, n, NB);
-}
-/* acc (HS) += sum_j wgt[j] * V row j, for the n rows of a tile (row j at
- * element i + j * KVD; int8: its scales from si + j * KVD / G), KVT_AXPY
- * channels at a time where HS allows (else KVT_VEC): acc is read and written
- * once per tile. One vector at a time instead, walking the 32 rows (3 KiB
- * apart in the 110M shape) again for every 8 floats of each, took 1.15x as
- * long for fp32 in cache on the AMD machine (README). int8: the weight times
- * the row's scale of these channels, so a block must lie in one group
- * (KVT_AXPY divides G); otherwise row by row, by the spec. */
-#define KVT_AXPY 32 /* channels per block: 4 vectors with AVX2, 2 with AVX-512 */
-static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, size_t i, size_t si, int n) {
-    int HS = kv->HS, int8 = kv->dtype == KVT_INT8, G = int8 ? kv->G : HS; /* fp32, fp16: one "group", unscaled */
-    size_t KVD = (size_t)kv->NKV * HS, row_scales = (size_t)kv->NKV * kv->HG;
-    const float *sc = int8 ? kv->scales + si : NULL; /* row j's scales: j * row_scales further */
-    float w[KVT_ATTN_TILE];
-    if (HS % KVT_VEC || (int8 && G % KVT_VEC)) { /* leftovers, or a vector spanning two groups: the spec */
-        for (int j = 0; j < n; j++) kv_axpy(kv, i + j * KVD, wgt[j], acc, HS);
-        return;
-    }
-    int step = HS % KVT_AXPY == 0 && (!int8 || G % KVT_AXPY == 0) ? KVT_AXPY : KVT_VEC;
-    for (int g = 0, gi = 0; g < HS; g += G, gi++) { /* gi: the group's index in the row */
-        const float *wc = wgt;
-        if (int8) { /* the weights times this group's scales */
-            for (int j = 0; j < n; j++) w[j] = wgt[j] * sc[j * row_scales + gi];
-            wc = w;
-        }
-        for (int c = g; c < g + G; c += step) {
-            if (step == KVT_AXPY) kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, KVT_AXPY / KVT_VEC);
-            else kv_axpy_cols_kv_cpu(kv, acc + c, wc, i + c, n, 1);
-        }
-    }
-}
-KVT_STATIC_ASSERT(KVT_AXPY % KVT_VEC == 0 && KVT_AXPY / KVT_VEC <= 4, "an axpy block is 1 to 4 whole vectors");
+/* The CPU's vector loops over cached rows that §12 runs on (fp16 and int8
+ * converted in registers, four dot products at a time, V summed 32 channels
+ * at a time, prefetch, e^x) are in cpu/attention.c, included here. */
+#include "cpu/attention.c"
 
 /* Store `count` values at element i: copy, round to half, or quantize as one
  * group (int8 callers pass count = G, so i is a multiple of G). */
