@@ -163,9 +163,10 @@ test-valgrind: deps
 	$(CC) -x c -std=c11 -Wall -Wextra -fopenmp -O1 -g $(BLAS_CFLAGS) kvtransformer.cu -o kvt-valgrind $(LIBS)
 	$(VALGRIND) ./kvt-valgrind -n 32 --stats
 	$(VALGRIND) ./kvt-valgrind --random 64,2,4,2,128,100,64 -n 16 --kv-dtype int8 --chunk 3 --device gpu --check
+	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
 	$(VALGRIND) ./kvt-valgrind --random 64,2,4,2,128,100,128 --prompt-tokens 40 --fork 3 -n 10 --chunk 4 --stats \
-	  --trace /tmp/kvt-vg-trace.txt
-	$(VALGRIND) ./kvt-valgrind --tokens 1,22,56 -n 3 -t 0 --kv-cache off --dump-logits /tmp/kvt-vg.f32 --dump-tokens /tmp/kvt-vg.txt
+	  --trace $$d/trace.txt && \
+	$(VALGRIND) ./kvt-valgrind --tokens 1,22,56 -n 3 -t 0 --kv-cache off --dump-logits $$d/logits.f32 --dump-tokens $$d/ids.txt
 	$(VALGRIND) ./kvt-valgrind --bogus; test $$? = 1
 	@echo "[make] valgrind: no errors, no definitely lost bytes"
 
@@ -222,31 +223,35 @@ else
 	$(CC) -x c -std=c11 -Wall -Wextra -fopenmp -O0 -g $(BLAS_CFLAGS) test.c -o test_kvt-debug $(LIBS)
 endif
 
-# Fuzzing (clang + libFuzzer): FUZZ_SECONDS per target, corpus and crashes in FUZZ_DIR.
+# Fuzzing (clang + libFuzzer): FUZZ_SECONDS per target, corpus and crashes in
+# FUZZ_DIR (default: a new folder /tmp/kvt-fuzz.XXXXXX per run, kept and named
+# at the end, so two runs never share one).
 FUZZ_SECONDS ?= 150
-FUZZ_DIR ?= /tmp/kvt-fuzz
+FUZZ_DIR ?=
 FUZZ_CC = clang -x c -std=c11 -g -O1 -fopenmp -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 fuzz: deps test_kvt
-	mkdir -p $(FUZZ_DIR)/model $(FUZZ_DIR)/tokenizer $(FUZZ_DIR)/prompt $(FUZZ_DIR)/cli $(FUZZ_DIR)/crashes
-	./test_kvt --write-fuzz-seeds $(FUZZ_DIR)
+	@d="$(FUZZ_DIR)"; [ -n "$$d" ] || d=$$(mktemp -d /tmp/kvt-fuzz.XXXXXX) || exit 1; \
+	mkdir -p $$d/model $$d/tokenizer $$d/prompt $$d/cli $$d/crashes && \
+	./test_kvt --write-fuzz-seeds $$d || exit 1; \
 	for t in 1:model 2:tokenizer 3:prompt 4:cli; do \
 	  n=$${t%%:*}; name=$${t#*:}; \
-	  $(FUZZ_CC) -DKVT_FUZZ=$$n $(BLAS_CFLAGS) test.c -o $(FUZZ_DIR)/fuzz_$$name $(LIBS) || exit 1; \
-	  $(FUZZ_DIR)/fuzz_$$name -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
-	    -artifact_prefix=$(FUZZ_DIR)/crashes/$$name- $(FUZZ_DIR)/$$name > $(FUZZ_DIR)/$$name.log 2>&1; rc=$$?; \
-	  echo "[fuzz] $$name: $$(grep -c . $(FUZZ_DIR)/$$name.log) log lines, exit $$rc"; \
-	  grep -E "stat::number_of_executed_units|ERROR|SUMMARY|corp:" $(FUZZ_DIR)/$$name.log | tail -3; \
-	  [ $$rc = 0 ] || { echo "[fuzz] $$name: crash saved under $(FUZZ_DIR)/crashes"; exit 1; }; \
-	done
+	  $(FUZZ_CC) -DKVT_FUZZ=$$n $(BLAS_CFLAGS) test.c -o $$d/fuzz_$$name $(LIBS) || exit 1; \
+	  $$d/fuzz_$$name -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
+	    -artifact_prefix=$$d/crashes/$$name- $$d/$$name > $$d/$$name.log 2>&1; rc=$$?; \
+	  echo "[fuzz] $$name: $$(grep -c . $$d/$$name.log) log lines, exit $$rc"; \
+	  grep -E "stat::number_of_executed_units|ERROR|SUMMARY|corp:" $$d/$$name.log | tail -3; \
+	  [ $$rc = 0 ] || { echo "[fuzz] $$name: crash saved under $$d/crashes"; exit 1; }; \
+	done; echo "[fuzz] corpus and logs in $$d"
 
 # Exercises: test.c holds each exercise's check, built with -DKVT_EXERCISE=N.
 EX_WNO = $(if $(filter nvcc,$(BUILD)),-Xcompiler -Wno-missing-field-initializers,-Wno-missing-field-initializers)
 exercise: deps
 	@test -n "$(N)" || { echo "usage: make exercise N=<1..6>   (README, Exercises)"; exit 2; }
-	@if ! $(COMPILE) $(EX_WNO) -DKVT_EXERCISE=$(N) test.c -o /tmp/kvt_exercise_$(N) $(LIBS) $(LINKX) \
-	    > /tmp/kvt_exercise_$(N).log 2>&1; then \
-	  echo "exercise $(N): not done yet - its check does not compile:"; grep -m 3 "error" /tmp/kvt_exercise_$(N).log; exit 1; fi
-	/tmp/kvt_exercise_$(N)
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	if ! $(COMPILE) $(EX_WNO) -DKVT_EXERCISE=$(N) test.c -o $$d/exercise_$(N) $(LIBS) $(LINKX) > $$d/build.log 2>&1; then \
+	  echo "exercise $(N): not done yet - its check does not compile:"; \
+	  grep -m 6 -E "error|undefined reference" $$d/build.log; exit 1; fi; \
+	$$d/exercise_$(N)
 
 exercises-selftest:
 	bash exercises/selftest.sh
@@ -259,8 +264,9 @@ walkthrough: debug kvt
 # CI has no GPU: this proves the CUDA path still compiles, warning-free.
 nvcc-check:
 	@test -n "$(NVCC)" || { echo "[make] nvcc not found: nvcc-check skipped"; exit 0; }; \
-	$(NVCC) $(NV_ALL) -Werror all-warnings -Xcompiler -Werror -c kvtransformer.cu -o /tmp/kvt_nvcc_check.o && \
-	$(NVCC) $(NV_ALL) -Werror all-warnings -Xcompiler -Werror -c test.c -o /tmp/kvt_nvcc_check_test.o && \
+	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	$(NVCC) $(NV_ALL) -Werror all-warnings -Xcompiler -Werror -c kvtransformer.cu -o $$d/kvt.o && \
+	$(NVCC) $(NV_ALL) -Werror all-warnings -Xcompiler -Werror -c test.c -o $$d/test.o && \
 	echo "[make] nvcc compile check: sm_80 + sm_90 clean"
 
 # The prepared device script (bench/gpu_check.sh): nvcc build, the suite on

@@ -78,14 +78,22 @@ static kvt_status kvt_fail(kvt_status st, const char *fmt, ...) {
 }
 
 /* A broken invariant inside this program (KVT_ASSERT, a CUDA call that
- * failed) is a bug, not an input error: say where, and stop. */
+ * failed) is a bug, not an input error: say where, and stop. Several OpenMP
+ * threads can reach the same failure at once (every thread of an emulated
+ * block checks its team size): the first one prints the line, in one write,
+ * and exits; the others wait for the exit instead of printing it again. */
 static void kvt_fatal(const char *file, int line, const char *fmt, ...) {
+    static int dying;
+    struct timespec second = {1, 0};
+    if (__atomic_exchange_n(&dying, 1, __ATOMIC_SEQ_CST))
+        for (;;) nanosleep(&second, NULL);
+    char msg[1200];
+    int k = snprintf(msg, sizeof(msg), "[KVT ERROR] %s:%d: ", file, line);
     va_list ap;
-    fprintf(stderr, "[KVT ERROR] %s:%d: ", file, line);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(msg + k, sizeof(msg) - (size_t)k, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "\n");
+    fprintf(stderr, "%s\n", msg);
     exit(EXIT_FAILURE);
 }
 #define KVT_ASSERT(cond) \
@@ -403,25 +411,38 @@ static void buf_download(int gpu, void *dst, const void *src, size_t bytes) {
  * Linux lets malloc promise more memory than there is, and the process is killed
  * without a word when the pages are first written (after minutes of filling a
  * large --random model). Checked first, the answer is one line, at once.
- * Available bytes: KVT_MEM_LIMIT (a whole number of bytes) when set, so tests can
- * act out a small machine; else MemAvailable of /proc/meminfo (free memory plus
- * the caches the kernel can drop). 0 when neither is known: checks are skipped. */
-static size_t kvt_mem_available(const char **source) {
+ * Available bytes: KVT_MEM_LIMIT (a whole number of bytes, at least 1) when
+ * set, so tests can act out a small machine; else MemAvailable of
+ * /proc/meminfo (free memory plus the caches the kernel can drop); 0 when
+ * neither is known: checks are skipped. A KVT_MEM_LIMIT that is not such a
+ * number ("1e3", "-1000", "0", one past 2^64) is an error, not "no limit". */
+static kvt_status kvt_mem_available(size_t *avail, const char **source) {
     const char *env = getenv("KVT_MEM_LIMIT");
-    char *end;
+    *avail = 0;
     if (env && *env) {
-        unsigned long long v = strtoull(env, &end, 10);
-        if (*end == '\0') { *source = "KVT_MEM_LIMIT"; return (size_t)v; }
+        size_t v = 0;
+        int ok = 1;
+        for (const char *c = env; *c && ok; c++) {
+            ok = *c >= '0' && *c <= '9' && v <= (SIZE_MAX - (size_t)(*c - '0')) / 10;
+            v = v * 10 + (size_t)(*c - '0');
+        }
+        if (!ok || v == 0)
+            return kvt_fail(KVT_EARG, "KVT_MEM_LIMIT '%s': expected a whole number of bytes in [1, %zu] (digits only)",
+                            env, (size_t)SIZE_MAX);
+        *source = "KVT_MEM_LIMIT";
+        *avail = v;
+        return KVT_OK;
     }
     FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
+    if (!f) return KVT_OK;
     char line[256];
     unsigned long long kb = 0;
     int found = 0;
     while (!found && fgets(line, sizeof(line), f)) found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
     fclose(f);
     *source = "MemAvailable in /proc/meminfo";
-    return found ? (size_t)kb * 1024 : 0;
+    *avail = found ? (size_t)kb * 1024 : 0;
+    return KVT_OK;
 }
 /* Do the host bytes about to be allocated fit? weights (not counted when
  * `loaded`: then they are only named), cache (the KV pool), scratch (everything
@@ -429,7 +450,9 @@ static size_t kvt_mem_available(const char **source) {
 /* (Bytes as double: a sum of sizes near SIZE_MAX must not wrap either.) */
 static kvt_status kvt_mem_check(double weights, int loaded, double cache, double scratch) {
     const char *source = "";
-    size_t avail = kvt_mem_available(&source);
+    size_t avail;
+    kvt_status st = kvt_mem_available(&avail, &source);
+    if (st != KVT_OK) return st;
     if (avail == 0 || (loaded ? 0.0 : weights) + cache + scratch <= (double)avail) return KVT_OK;
     char rest[128] = "";
     if (cache > 0 || scratch > 0)
@@ -2268,14 +2291,31 @@ kvt_status kvt_forward_batch(kvt_engine *e, kvt_seq *const *seqs, int n_seqs, co
     if (rows > e->rows) return kvt_fail(KVT_EARG, "a batch of %d rows: at most max_rows = %d", rows, e->rows);
     kvt_status st = check_tokens(e, tokens, rows);
     if (st != KVT_OK) return st;
-    for (int i = 0; i < n_seqs; i++) { /* all chunks the batch needs, before any is taken */
+    /* All chunks the batch needs, before any is taken, counted in the order
+     * seq_reserve will take them. Forks that write into the same shared, partly
+     * filled chunk each copy it, except the last holder, which then has it to
+     * itself: each planned copy lowers the chunk's refcount here as
+     * seq_reserve's release will, and the counts are put back afterwards. */
+    int *copied = NULL, n_copied = 0, cow = 0;
+    for (int i = 0; i < n_seqs && st == KVT_OK; i++) {
         const kvt_seq *s = seqs[i];
+        int c = seq_needs_cow(p, s, s->len + ntok[i]);
         need += seq_chunks_needed(p, s, s->len + ntok[i]);
+        if (c) {
+            if (!copied) copied = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
+            copied[n_copied] = s->table[s->len / p->CH];
+            p->refcount[copied[n_copied++]]--;
+            cow++;
+        }
         if (need > p->n_free)
-            return kvt_fail(KVT_EPOOL, "KV cache pool exhausted: sequence %d of the batch cannot grow to %d positions "
-                            "(the batch needs %d more chunk(s) so far, %d of %d are free); raise --chunks",
-                            i, s->len + ntok[i], need, p->n_free, p->n_chunks);
+            st = kvt_fail(KVT_EPOOL, "KV cache pool exhausted: sequence %d of the batch cannot grow to %d positions "
+                          "(the batch needs %d more chunk(s) so far, %d of them copies of a shared chunk a fork "
+                          "writes into; %d of %d are free): raise --chunks", i, s->len + ntok[i], need, cow,
+                          p->n_free, p->n_chunks);
     }
+    for (int k = 0; k < n_copied; k++) p->refcount[copied[k]]++;
+    free(copied);
+    if (st != KVT_OK) return st;
     for (int i = 0, r = 0; i < n_seqs; i++) {
         kvt_seq *s = seqs[i];
         st = seq_reserve(p, s, s->len + ntok[i], "a sequence of the batch");

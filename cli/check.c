@@ -21,8 +21,9 @@ static long kvt_first_nonfinite(const float *x, size_t n) {
  * Inf on either side fails (every comparison with NaN is false, so it is tested
  * explicitly). `shape` decodes a flat index for the messages, e.g.
  * "row=3,head=4,ch=16" (dims outermost first). Prints the first few mismatches
- * and one PASS/FAIL line naming the tolerance; returns 1 on PASS. */
-static int kvt_check(const char *what, const float *got, const float *want, long n, const char *shape,
+ * and one PASS/FAIL line naming the tolerance to `out` (the tests: stdout;
+ * --check: stderr, away from the generated text); returns 1 on PASS. */
+static int kvt_check_to(FILE *out, const char *what, const float *got, const float *want, long n, const char *shape,
                      double tol, const char *tol_name) {
     char names[8][16];
     long dims[8];
@@ -52,12 +53,14 @@ static int kvt_check(const char *what, const float *got, const float *want, long
             for (int d = 0; d < nd && off < (int)sizeof(where); d++)
                 off += snprintf(where + off, sizeof(where) - (size_t)off, "%s%s %ld", d ? ", " : "", names[d], idx[d]);
             if (nd == 0) snprintf(where, sizeof(where), "index %ld", i);
-            printf("    mismatch at %s: got %.9g, want %.9g (error %.3g)\n", where, got[i], want[i], err);
+            fprintf(out, "    mismatch at %s: got %.9g, want %.9g (error %.3g)\n", where, got[i], want[i], err);
         }
     }
     int ok = bad == 0;
-    printf("%s %s: max error %.3g (relative to max |want| %.3g) %s %s = %.0e\n", ok ? "PASS" : "FAIL", what,
-           worst, scale, ok ? "<=" : ">", tol_name, tol);
-    if (bad) printf("    %ld of %ld elements over the tolerance\n", bad, n);
+    fprintf(out, "%s %s: max error %.3g (relative to max |want| %.3g) %s %s = %.0e\n", ok ? "PASS" : "FAIL", what,
+            worst, scale, ok ? "<=" : ">", tol_name, tol);
+    if (bad) fprintf(out, "    %ld of %ld elements over the tolerance\n", bad, n);
     return ok;
 }
+/* The tests' spelling: the same check, its lines on stdout. */
+#define kvt_check(...) kvt_check_to(stdout, __VA_ARGS__)

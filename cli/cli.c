@@ -54,8 +54,10 @@ static void usage(FILE *f) {
         "  --prompt-tokens N       --random: a prompt of N made-up token ids (default 8, at most TMAX / 2)\n"
         "  -i, --prompt TEXT       prompt (default \"ROMEO:\")\n"
         "  --prompts FILE          one prompt per line, all decoded as one batch\n"
-        "  --tokens ID,ID,...      the prompt as token ids (any model; each in [0, V)), instead of -i\n"
+        "  --tokens ID,ID,...      the prompt as token ids (any model), instead of -i: decimal digits only, each\n"
+        "                          in [0, V), separated by commas; spaces around an id are allowed\n"
         "  --dump-logits FILE      write every forward position's logits: float32 little-endian, [positions][V]\n"
+        "                          (with -n 0, the prompt's rows)\n"
         "  --dump-tokens FILE      write the token ids fed, then the last one chosen, one per line\n"
         "  --trace [FILE]          after each forward call: every sequence's chunk table, the pool, the totals\n"
         "                          (to stderr, or to FILE; the text on stdout is the same as without it)\n"
@@ -78,7 +80,7 @@ static void usage(FILE *f) {
         "  --split N               fused attention: positions per split (0 auto, -1 never)\n"
         "  --device cpu|gpu        where to run (default gpu when a CUDA device exists)\n"
         "  --stats                 print cache and timing figures at the end\n"
-        "  --check                 run CPU and GPU side by side; print the logit difference per step\n"
+        "  --check                 run CPU and GPU side by side; print the logit difference per step (stderr)\n"
         "  --ppl FILE              perplexity of a text file (teacher forced, windows of TMAX)\n"
         "  --ppl-from F            start --ppl at this fraction of the file (e.g. 0.9)\n"
         "  --bench decode|positions|batch|attention|stages|context|matmul   speed vs the bandwidth bound;\n"
@@ -325,7 +327,7 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
         {cli_gave(a, "--fork-share") && a->fork < 2, "--fork-share needs --fork N with N >= 2"},
         {a->tokens && (gave_prompt || a->prompts || cli_gave(a, "--prompt-tokens")),
          "--tokens gives the prompt as token ids: drop -i, --prompts and --prompt-tokens"},
-        {(a->dump_logits || a->dump_tokens) && (a->prompts || fork || a->ppl || a->bench),
+        {(a->dump_logits || a->dump_tokens) && (a->prompts || a->fork > 1 || a->ppl || a->bench),
          "--dump-logits and --dump-tokens record one sequence's run: drop --prompts, --fork, --ppl and --bench"},
         {a->trace && (a->ppl || a->bench), "--trace shows the cache of a generation run: drop --ppl and --bench"},
     };
@@ -337,6 +339,78 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
         a->bench_every = (TMAX - 4) / 8 > 1 ? (TMAX - 4) / 8 : 1;  /* model (a row times 4 positions from it) */
     if (!cli_gave(a, "--kv-group")) a->o.kv_group = kvt_kv_group_auto(HS); /* the engine's default, made explicit */
     return 1;
+}
+
+/* Which file a path names, so that paths are compared as files, not as
+ * strings: "m.bin", "./m.bin", "../dir/m.bin" and a hard link are one file
+ * (device and inode). A path that does not exist yet is named by its
+ * directory's device and inode and its last component. Returns 0 when even
+ * the directory cannot be looked at (opening the file reports why), 2 for an
+ * existing file that is not a regular file (a device, a pipe: /dev/null
+ * twice is no conflict, and there is nothing to clobber), else 1. */
+typedef struct { dev_t dev; ino_t ino; char name[256]; } cli_file_id;
+static int cli_file_id_of(const char *path, cli_file_id *id) {
+    struct stat sb;
+    memset(id, 0, sizeof(*id));
+    if (stat(path, &sb) == 0) {
+        id->dev = sb.st_dev;
+        id->ino = sb.st_ino;
+        return S_ISREG(sb.st_mode) ? 1 : 2;
+    }
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    if (slash) snprintf(dir, sizeof(dir), "%.*s/", (int)(slash - path), path);
+    else snprintf(dir, sizeof(dir), ".");
+    if (stat(dir, &sb) != 0) return 0;
+    id->dev = sb.st_dev;
+    id->ino = sb.st_ino;
+    snprintf(id->name, sizeof(id->name), "%s", slash ? slash + 1 : path);
+    return 1;
+}
+
+/* No output may overwrite an input, and no two outputs may share a file (the
+ * run would garble both, or destroy the checkpoint it reads). Checked before
+ * anything is opened for writing. Returns 1 when the paths are fine. */
+static int cli_check_files(const kvt_cli *a) {
+    struct { const char *flag, *path; int output; } f[] = {
+        {"-m", a->random ? NULL : a->model, 0},  {"-z", a->random ? NULL : a->tokenizer, 0},
+        {"--prompts", a->prompts, 0},            {"--ppl", a->ppl, 0},
+        {"--dump-logits", a->dump_logits, 1},    {"--dump-tokens", a->dump_tokens, 1},
+        {"--trace", a->trace && a->trace[0] ? a->trace : NULL, 1}, {"--csv", a->csv, 1},
+    };
+    enum { NF = sizeof(f) / sizeof(f[0]) };
+    cli_file_id id[NF];
+    int kind[NF];
+    for (int i = 0; i < NF; i++) kind[i] = f[i].path ? cli_file_id_of(f[i].path, &id[i]) : 0;
+    for (int j = 0; j < NF; j++) { /* each output against every file before it */
+        if (!f[j].output || kind[j] != 1) continue;
+        for (int i = 0; i < j; i++) {
+            if (kind[i] != 1 || id[i].dev != id[j].dev || id[i].ino != id[j].ino || strcmp(id[i].name, id[j].name))
+                continue;
+            if (f[i].output)
+                kvt_fail(KVT_EARG, "%s '%s' and %s '%s' are the same file: give each output a file of its own",
+                         f[i].flag, f[i].path, f[j].flag, f[j].path);
+            else
+                kvt_fail(KVT_EARG, "%s '%s' is the same file as the input %s '%s': refusing to overwrite an input",
+                         f[j].flag, f[j].path, f[i].flag, f[i].path);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Close an output and say whether all that was written reached it: an error
+ * of an earlier write (ferror) or of the last one (fclose writes what is still
+ * buffered: a full disk, /dev/full) is one line naming the flag and the file.
+ * Returns st, or the write error when st was KVT_OK. */
+static kvt_status cli_close(FILE *f, const char *flag, const char *path, kvt_status st) {
+    if (!f) return st;
+    int bad = ferror(f);
+    errno = 0;
+    bad |= fclose(f) != 0;
+    if (bad && st == KVT_OK)
+        st = kvt_fail(KVT_EIO, "%s: writing '%s' failed: %s", flag, path, errno ? strerror(errno) : "a write error");
+    return st;
 }
 
 /* --stats: what the cache holds (kvt_cache_usage_of), what sharing saved,
@@ -380,8 +454,11 @@ static void trace_start(FILE *f, kvt_engine *e) {
     if (e->o.kv_cache) kvt_pool_legend(f);
     else kvt_pool_print(f, e);
 }
-static void trace_step(FILE *f, kvt_engine *e, const char *fmt, ...) {
-    if (!f || !e->o.kv_cache) return;
+/* A trace that cannot be written (a full disk) stops the run at once, with
+ * the reason of the write that failed. */
+static kvt_status trace_step(const kvt_cli *a, kvt_engine *e, const char *fmt, ...) {
+    FILE *f = a->tracef;
+    if (!f || !e->o.kv_cache) return KVT_OK;
     va_list ap;
     fprintf(f, "== ");
     va_start(ap, fmt);
@@ -389,6 +466,8 @@ static void trace_step(FILE *f, kvt_engine *e, const char *fmt, ...) {
     va_end(ap);
     fprintf(f, "\n");
     kvt_pool_print(f, e);
+    if (!ferror(f)) return KVT_OK;
+    return kvt_fail(KVT_EIO, "--trace: writing '%s' failed: %s", a->trace[0] ? a->trace : "(stderr)", strerror(errno));
 }
 /* The ids of a batch's sequences, for a trace header: "0, 1, 2" (or a count). */
 static void trace_ids(char *buf, size_t cap, kvt_seq *const *batch, int nb) {
@@ -481,13 +560,15 @@ static kvt_status run_ppl(kvt_engine *e, kvt_tokenizer *tk, const char *path, do
 }
 
 /* Print a token: as text when there is a tokenizer, else as its id. A lone
- * control byte (a byte-fallback token of a broken UTF-8 sequence, say) is
- * skipped so the terminal is not confused. */
+ * control byte (below 32, other than newline and tab) is skipped so the
+ * terminal is not confused. Bytes 0x80-0xFF are printed: they are the parts of
+ * a UTF-8 character (byte-fallback pieces <0xC3><0xA9> give "é" together). */
 static void print_token(const kvt_tokenizer *tk, int prev, int tok) {
     if (!tk) { printf("%d ", tok); return; }
     if (tok == KVT_BOS || tok == KVT_EOS) return; /* markers, not text */
     const char *piece = kvt_decode(tk, prev, tok);
-    if (piece[0] && !piece[1] && !(piece[0] >= 32 || piece[0] == '\n' || piece[0] == '\t')) return;
+    unsigned char b = (unsigned char)piece[0];
+    if (b && !piece[1] && b < 32 && b != '\n' && b != '\t') return;
     printf("%s", piece);
 }
 
@@ -498,23 +579,29 @@ static int cli_fail(const char *what) {
 }
 
 /* --tokens 1,403,407: the prompt as token ids, for any model (a checkpoint's
- * own tokenizer is not needed), each checked against the vocabulary. */
+ * own tokenizer is not needed), each checked against the vocabulary. One
+ * rule: ids are decimal digits (no sign), separated by commas, with any
+ * spaces around an id; "1, 22 ,56" is [1, 22, 56], and "", "1,,2", "+5", "-0"
+ * are errors. An id too large for any vocabulary is out of range, like 70000
+ * for a vocabulary of 32000. */
 static kvt_status parse_tokens(const char *s, int V, int TMAX, int *out, int *n) {
     *n = 0;
-    for (const char *p = s;;) {
-        char *end;
-        errno = 0;
-        long id = strtol(p, &end, 10);
-        if (end == p || errno || (*end && *end != ','))
-            return kvt_fail(KVT_EARG, "--tokens '%s': item %d is not a token id (give integers separated by commas)",
-                            s, *n + 1);
-        if (id < 0 || id >= V)
-            return kvt_fail(KVT_EARG, "--tokens: id %ld (item %d) is out of range [0, %d]: this model's vocab_size is %d",
-                            id, *n + 1, V - 1, V);
+    for (const char *p = s;; p++) {
+        while (*p == ' ') p++;
+        const char *digits = p;
+        long id = 0;
+        for (; *p >= '0' && *p <= '9'; p++) id = id > INT_MAX ? id : id * 10 + (*p - '0'); /* saturates */
+        int len = (int)(p - digits);
+        while (*p == ' ') p++;
+        if (len == 0 || (*p && *p != ','))
+            return kvt_fail(KVT_EARG, "--tokens '%s': item %d is not a token id (give ids of decimal digits, "
+                            "separated by commas)", s, *n + 1);
+        if (id >= V)
+            return kvt_fail(KVT_EARG, "--tokens: id %.*s (item %d) is out of range [0, %d]: this model's vocab_size "
+                            "is %d", len, digits, *n + 1, V - 1, V);
         if (*n == TMAX) return kvt_fail(KVT_ECONTEXT, "--tokens: more than TMAX = %d ids", TMAX);
         out[(*n)++] = (int)id;
-        if (!*end) return KVT_OK;
-        p = end + 1;
+        if (!*p) return KVT_OK;
     }
 }
 
@@ -560,8 +647,11 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
     if (ref) kvt_seq_init(ref, &rs);
     for (int i = 0; i < np; i++) print_token(tk, i ? hist[i - 1] : -1, hist[i]);
     fflush(stdout);
-    int n = np;
-    while (n < np + a->steps && st == KVT_OK) {
+    int n = np, fed = 0, n_gen = 0; /* fed: the prompt's forward ran; n_gen: steps after it */
+    double t_gen = 0.0;              /* their time: what one more generated token costs */
+    /* -n 0 with --dump-logits still runs the prompt: its rows are the dump */
+    while (st == KVT_OK && (n < np + a->steps || (dl && !fed))) {
+        fed = 1;
         if (dl && n == np) { /* the prompt's forward keeps every position's logits for the dump */
             float *all = NULL;
             size_t bytes;
@@ -573,18 +663,20 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
             if (st == KVT_OK) memcpy(logits, all + (size_t)(np - 1) * V, (size_t)V * sizeof(float));
             free(all);
         } else {
+            double t0 = kvt_now();
             st = kvt_step(e, &s, hist, n, logits);
+            if (n > np) { t_gen += kvt_now() - t0; n_gen++; }
             if (st == KVT_OK && dl && fwrite(logits, sizeof(float), (size_t)V, dl) != (size_t)V)
                 st = kvt_fail(KVT_EIO, "--dump-logits: writing '%s' failed: %s", a->dump_logits, strerror(errno));
         }
-        if (st == KVT_OK && n == np) trace_step(a->tracef, e, "after prefill: seq %d, %d tokens", s.id, np);
+        if (st == KVT_OK && n == np) st = trace_step(a, e, "after prefill: seq %d, %d tokens", s.id, np);
         else if (st == KVT_OK)
-            trace_step(a->tracef, e, "after decode step %d: seq %d, position %d", n - np, s.id, n - 1);
+            st = trace_step(a, e, "after decode step %d: seq %d, position %d", n - np, s.id, n - 1);
         if (st == KVT_OK && ref) {
             if ((st = kvt_step(ref, &rs, hist, n, ref_logits)) != KVT_OK) break;
             char what[64];
             snprintf(what, sizeof(what), "--check step %d logits, gpu vs cpu", n - np);
-            ok &= kvt_check(what, logits, ref_logits, V, "vocab=1000000000", KVT_TOL_GPU, "KVT_TOL_GPU");
+            ok &= kvt_check_to(stderr, what, logits, ref_logits, V, "vocab=1000000000", KVT_TOL_GPU, "KVT_TOL_GPU");
         }
         if (st != KVT_OK) break;
         long bad = kvt_first_nonfinite(logits, (size_t)V);
@@ -593,6 +685,7 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
                           "weights?", n - np, n - 1, bad, logits[bad]);
             break;
         }
+        if (n == np + a->steps) break; /* -n 0: the prompt's logits were all that was asked */
         int next = kvt_sample(&sm, logits, V);
         if (tk && (next == KVT_BOS || next == KVT_EOS)) { stop = next; break; }
         print_token(tk, hist[n - 1], next);
@@ -604,13 +697,15 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
         for (int i = 0; i < n; i++) fprintf(dt, "%d\n", hist[i]);
         if (stop >= 0) fprintf(dt, "%d\n", stop);
     }
-    if (dl && fclose(dl) != 0 && st == KVT_OK)
-        st = kvt_fail(KVT_EIO, "--dump-logits: writing '%s' failed: %s", a->dump_logits, strerror(errno));
-    if (dt && fclose(dt) != 0 && st == KVT_OK)
-        st = kvt_fail(KVT_EIO, "--dump-tokens: writing '%s' failed: %s", a->dump_tokens, strerror(errno));
+    st = cli_close(dl, "--dump-logits", a->dump_logits, st);
+    st = cli_close(dt, "--dump-tokens", a->dump_tokens, st);
     if (st != KVT_OK) ok = !cli_fail("");
     const kvt_seq *live = &s;
     if (st == KVT_OK && a->stats) print_stats(e, &live, 1);
+    if (st == KVT_OK && a->stats && n_gen) /* the line to compare with --kv-cache off */
+        fprintf(stderr, "[stats] per generated token: %.3f ms (%.1f tokens/s) over %d steps after the prompt; %s\n",
+                1e3 * t_gen / n_gen, n_gen / t_gen, n_gen, e->o.kv_cache ? "each step computes 1 position, the rest "
+                "is read from the cache" : "cache off: each step recomputes every position so far");
     if (ref && st == KVT_OK)
         fprintf(stderr, "%s --check: %d steps, GPU logits %s the CPU reference within KVT_TOL_GPU = %.0e\n",
                 ok ? "PASS" : "FAIL", n - np, ok ? "match" : "do NOT match", KVT_TOL_GPU);
@@ -669,14 +764,14 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
             int found = 0; /* positions attached by prefix reuse, not computed */
             for (int j = 0; st == KVT_OK && j < seqs[i].n_table; j++) found += seqs[i].how[j] == '+' ? e->pool.CH : 0;
             if (st == KVT_OK && found)
-                trace_step(a->tracef, e, "after prefill: seq %d, %d tokens, the first %d found cached (prefix reuse)",
-                           seqs[i].id, len[i], found);
-            else if (st == KVT_OK) trace_step(a->tracef, e, "after prefill: seq %d, %d tokens", seqs[i].id, len[i]);
+                st = trace_step(a, e, "after prefill: seq %d, %d tokens, the first %d found cached (prefix reuse)",
+                                seqs[i].id, len[i], found);
+            else if (st == KVT_OK) st = trace_step(a, e, "after prefill: seq %d, %d tokens", seqs[i].id, len[i]);
         }
     }
     if (st == KVT_OK && fork && a->fork_share)
-        trace_step(a->tracef, e, "after fork: %d more sequences share seq %d's %d chunks", n_seqs - 1, seqs[0].id,
-                   seqs[0].n_table);
+        st = trace_step(a, e, "after fork: %d more sequences share seq %d's %d chunks", n_seqs - 1, seqs[0].id,
+                        seqs[0].n_table);
     /* Decode. Each step samples one token per live sequence (each with its own
      * sampler and seed), then runs all of them as one batch. A sequence that
      * samples BOS/EOS stops; the batch just gets smaller. After the last
@@ -702,7 +797,7 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
         if (st == KVT_OK && a->tracef) {
             char ids[160];
             trace_ids(ids, sizeof(ids), batch, nb);
-            trace_step(a->tracef, e, "after decode step %d: one token each for %s", step + 1, ids);
+            st = trace_step(a, e, "after decode step %d: one token each for %s", step + 1, ids);
         }
         for (int i = 0, j = 0; i < n_seqs && st == KVT_OK; i++) /* scatter the batch's logits back */
             if (j < nb && batch[j] == &seqs[i]) memcpy(logits + (size_t)i * V, blog + (size_t)j++ * V, (size_t)V * sizeof(float));
@@ -782,7 +877,28 @@ static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int
 /* main: defaults, flags, model, then one of the runs; every exit after the
  * model is loaded goes through `done`, which frees everything (valgrind
  * checks that nothing is lost on any of these paths). */
+#include <fcntl.h>  /* fcntl: is standard output open? */
+#include <unistd.h> /* STDOUT_FILENO */
+static int cli_main(int argc, char **argv);
+/* Standard output is checked like every other output: a closed one is refused
+ * before anything runs (a file opened later would otherwise get its number and
+ * the generated text), and a write that failed (a full disk, /dev/full, a
+ * closed pipe's reader) makes the exit status 1 with the reason. */
 int main(int argc, char **argv) {
+    if (fcntl(STDOUT_FILENO, F_GETFD) == -1) {
+        fprintf(stderr, "kvt: standard output is closed: %s\n", strerror(errno));
+        return 1;
+    }
+    int rc = cli_main(argc, argv), bad = ferror(stdout);
+    errno = 0;
+    bad |= fflush(stdout) != 0;
+    if (bad) {
+        fprintf(stderr, "kvt: writing standard output failed: %s\n", errno ? strerror(errno) : "a write error");
+        return 1;
+    }
+    return rc;
+}
+static int cli_main(int argc, char **argv) {
     kvt_cli a;
     memset(&a, 0, sizeof(a));
     a.model = "weights/model.bin";
@@ -799,6 +915,7 @@ int main(int argc, char **argv) {
     int parsed = parse_args(&a, argc, argv);
     if (parsed == 2) { usage(stdout); return 0; }
     if (!parsed) { cli_fail(""); fprintf(stderr, "run 'kvt --help' for the flags\n"); return 1; }
+    if (!cli_check_files(&a)) return cli_fail("");
     if (!a.fork_share) a.o.prefix_reuse = 0; /* the independent baseline shares nothing at all */
 
     kvt_model m;
@@ -818,7 +935,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a.bench, "context"))
             st = bench_context(&m, &a.o, a.bench_ctx, a.bench_batch ? a.bench_batch : 1, csv);
         else st = bench_batch(&m, &a.o, csv);
-        if (csv) fclose(csv);
+        if (csv) st = cli_close(csv, "--csv", a.csv, st);
         kvt_model_free(&m);
         return a.csv && !csv ? cli_fail("") : st == KVT_OK ? 0 : cli_fail("");
     }
@@ -886,10 +1003,9 @@ int main(int argc, char **argv) {
     rc = n_seqs > 1 ? run_batch(e, &m, tkp, &a, prompts, np, n_seqs) : run_single(e, &m, tkp, &a, prompts[0], np[0]);
     kvt_errbuf[0] = '\0'; /* the runners reported their own errors */
 done:
-    if (a.tracef && a.tracef != stderr && fclose(a.tracef) != 0 && rc == 0) {
-        kvt_fail(KVT_EIO, "--trace: writing '%s' failed: %s", a.trace, strerror(errno));
+    if (a.tracef && a.tracef != stderr && cli_close(a.tracef, "--trace", a.trace, rc ? KVT_EIO : KVT_OK) != KVT_OK &&
+        rc == 0)
         rc = 1;
-    }
     if (rc && kvt_errbuf[0]) cli_fail("");
     for (int i = 0; i < n_prompts && prompts; i++) free(prompts[i]);
     free(prompts);
