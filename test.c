@@ -2080,6 +2080,35 @@ static void test_hf_export(void) {
     free(json);
 }
 
+/* weights/check_export_hf.py: the exporter's refusals (bad outputs, kvt's
+ * limits, malformed or self-contradicting folders) are one line each and
+ * leave nothing behind; it builds its own folder, exports it and runs kvt on
+ * the result. Passed only when the script exits 0; its FAIL lines are shown. */
+static void test_hf_export_refusals(void) {
+    if (system("command -v python3 > /dev/null 2>&1") != 0) {
+        skip("weights/check_export_hf.py (needs python3)");
+        return;
+    }
+    FILE *k = fopen(kvt_bin, "rb");
+    if (k) fclose(k);
+    char cmd[1024], line[1024], last[1024] = "(no output)";
+    snprintf(cmd, sizeof(cmd), "python3 weights/check_export_hf.py %s%s%s 2>&1", k ? "'" : "", k ? kvt_bin : "",
+             k ? "'" : "");
+    FILE *p = popen(cmd, "r");
+    int rc = -1;
+    if (p) {
+        while (fgets(line, sizeof(line), p)) {
+            if (!strncmp(line, "PASS ", 5)) continue;
+            line[strcspn(line, "\n")] = '\0';
+            if (line[0]) snprintf(last, sizeof(last), "%s", line);
+            if (strncmp(line, "FAIL ", 5) == 0 || contains(line, "Traceback")) printf("    %s\n", line);
+        }
+        rc = pclose(p);
+    }
+    expect(rc == 0, "weights/check_export_hf.py %s: the exporter refuses bad input with one line, all or nothing "
+           "(%s)", k ? kvt_bin : "(no kvt binary: export checks only)", last);
+}
+
 static void test_kv_group_default(void) {
     struct { int HS, G; } want[] = {{16, 16}, {40, 20}, {48, 16}, {64, 32}, {8, 8}};
     for (int i = 0; i < 5; i++) {
@@ -3405,6 +3434,7 @@ int main(int argc, char **argv) {
     test_cli_trace();
     test_dump_logits();
     test_hf_export();
+    test_hf_export_refusals();
     test_section_map();
     test_teaching_file_size();
     test_bench_shapes();
