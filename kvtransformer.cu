@@ -292,6 +292,7 @@ static void emu_block_begin(int b) {
                 _Pragma("omp barrier")                                        \
             }                                                                 \
         }                                                                     \
+        kvt_launch_check(#kernel, __FILE__, __LINE__);                        \
     } while (0)
 
 /* The CUDA runtime calls we use, on host memory. */
@@ -301,8 +302,18 @@ typedef int cudaError_t;
 #define cudaSuccess 0
 #define cudaErrorMemoryAllocation 2
 typedef enum { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice } cudaMemcpyKind;
+/* As in CUDA, a failed call is also kept as the runtime's last error, which
+ * the next launch's check reads (cudaGetLastError returns it and clears it):
+ * a failure that is handled must be cleared where it is handled. */
+static cudaError_t emu_last_error;
+static cudaError_t cudaGetLastError(void) {
+    cudaError_t e = emu_last_error;
+    emu_last_error = cudaSuccess;
+    return e;
+}
 static cudaError_t cudaMalloc(void **p, size_t bytes) {
     *p = host_alloc(bytes);
+    if (!*p) emu_last_error = cudaErrorMemoryAllocation;
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 static cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
@@ -312,6 +323,10 @@ static cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemc
     return cudaSuccess;
 }
 static const char *cudaGetErrorString(cudaError_t e) { return e ? "out of memory" : "no error"; }
+static void kvt_launch_check(const char *name, const char *file, int line) { /* after every launch, as on a GPU */
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) kvt_fatal(file, line, "kernel %s: %s", name, cudaGetErrorString(err));
+}
 #endif
 
 /* Block sizes the kernels rely on: whole warps (shuffles), and no launch larger
@@ -377,6 +392,7 @@ static kvt_status buf_alloc(int gpu, void **p, size_t bytes, const char *what) {
     *p = NULL;
     if (gpu) {
         if (cudaMalloc(p, bytes) != cudaSuccess) {
+            (void)cudaGetLastError(); /* handled here: else the next launch's check reports this failure */
             *p = NULL;
             return kvt_fail(KVT_ENOMEM, "device out of memory: %s needs %zu bytes (%.1f MiB)",
                             what, bytes, (double)bytes / (1 << 20));

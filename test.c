@@ -2015,8 +2015,8 @@ static void test_hf_export(void) {
     float *want = (float *)read_all("weights/hf-tiny/logits.f32", &lb);
     KVT_ASSERT(np > 0 && ng > np && ns > 0 && V > 258 && sample_text && want &&
                lb == (size_t)(ng - 1) * V * 4);
-    char dir[64], cmd[1024], args[2048], ids[512], out[4096];
-    snprintf(dir, sizeof(dir), "/tmp/kvt_hf_%d", (int)getpid());
+    char dir[128], cmd[1024], args[2048], ids[512], out[4096];
+    snprintf(dir, sizeof(dir), "%s", tmp_file("hf"));
     snprintf(cmd, sizeof(cmd), "mkdir -p %s && python3 weights/export_hf.py weights/hf-tiny %s/model.bin "
              "%s/tokenizer.bin > %s/export.log 2>&1", dir, dir, dir, dir);
     int ok = system(cmd) == 0;
@@ -2410,6 +2410,32 @@ static void test_outputs(void) {
     }
     expect(ms[0] > 0 && ms[1] > ms[0], "--stats per generated token: cache on %.3f ms, off %.3f ms (off costs more)",
            ms[0], ms[1]);
+}
+
+/* A device allocation that fails and is handled (the engine reports "device
+ * out of memory" and the program goes on) must not stay behind as the CUDA
+ * runtime's last error: the next launch's check would read it and stop the
+ * program. The emulation keeps a last error as CUDA does, so this fails in
+ * every build if buf_alloc forgets to clear it. */
+static void test_gpu_alloc_error(void) {
+    void *p = &p;
+    kvt_status st = buf_alloc(1, &p, (size_t)1 << 62, "a test buffer of 4 EiB");
+    cudaError_t left = cudaGetLastError();
+    expect(st == KVT_ENOMEM && p == NULL && left == cudaSuccess, "a failed device allocation is reported (%s) and "
+           "leaves no last error behind (%s)", st == KVT_ENOMEM ? "ENOMEM" : "not ENOMEM", cudaGetErrorString(left));
+    if (left != cudaSuccess) return; /* the launch below would stop the suite */
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 1, 4, 2, 64, 50, 32), 7) == KVT_OK);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_GPU;
+    int prompt[3] = {1, 4, 9}, toks[8];
+    float *lg = (float *)kvt_malloc(4 * 50 * sizeof(float));
+    st = generate(&m, &o, prompt, 3, 4, toks, lg);
+    expect(st == KVT_OK && kvt_first_nonfinite(lg, 4 * 50) < 0, "after the failed allocation, a GPU run launches "
+           "its kernels and decodes 4 tokens");
+    free(lg);
+    kvt_model_free(&m);
 }
 
 /* Sizes past int or size_t, and models or caches larger than memory (issue 12):
@@ -3440,6 +3466,7 @@ int main(int argc, char **argv) {
     test_bench_shapes();
     test_bench_run();
     if (gpu) {
+        test_gpu_alloc_error();
         test_rmsnorm(1);
         test_matmul(1);
         test_rope(1);
