@@ -102,8 +102,8 @@ static void *kvt_malloc(size_t bytes) { /* invariant-level allocation (small) */
  * and asks Linux for huge pages (transparent huge pages, which the common
  * "madvise" setting gives only on request): the weights of a decode step are
  * then read through 1 TLB entry per 2 MiB instead of one per 4 KiB page (110M
- * shape: 220 instead of 107,000). Decode was about 1.04x faster with them on
- * the AMD machine (README). Where the kernel says no, the pages are just small. */
+ * shape: 220 instead of 107,000), fewer page walks on every decode step.
+ * Where the kernel says no, the pages are just small. */
 static void *host_alloc(size_t bytes) {
     size_t huge = (size_t)2 << 20;
     if (bytes < huge) return malloc(bytes > 0 ? bytes : 1);
@@ -957,13 +957,11 @@ static void rmsnorm_gpu(float *out, const float *x, const float *w, int n, int D
  * tile loop once there are enough rows to reuse each weight many times. Each
  * core calls a single-threaded sgemm on its own columns of out: one thread
  * pool (OpenMP's) serves the whole program, instead of OpenBLAS's threads and
- * ours spinning against each other on the same cores. Here one core waits
- * for the other too (18% of sgemm's time in a prefill of 960 tokens), but
- * sharing chunks as matmul_rows_cpu does made that prefill slower, by 1.3x
- * (chunks of 32 columns) to 1.6x (128 columns): one narrow sgemm call runs
- * at about half the speed of a wide one (15-19 against 32 GFLOP/s, 256 rows
- * of x). */
-#define KVT_SGEMM_ROWS 32 /* from this many rows on, sgemm (measured: --bench matmul, README) */
+ * ours spinning against each other on the same cores. With equal parts one
+ * core may wait for the other at the end, but sharing chunks of columns as
+ * matmul_rows_cpu does would cost more: one narrow sgemm call runs at about
+ * half the speed of a wide one. */
+#define KVT_SGEMM_ROWS 32 /* from this many rows on, sgemm (where `--bench matmul` sees it overtake) */
 static void matmul_sgemm_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
 #pragma omp parallel
     {
@@ -977,8 +975,8 @@ static void matmul_sgemm_cpu(float *out, const float *x, const float *w, int n, 
 /* OpenBLAS picks its kernels for the CPU when it loads. One older than the
  * CPU (Debian 12's 0.3.21 on a 2023 Xeon) does not know it and falls back to
  * its generic "Prescott" kernels (SSE3, no FMA), which the tile loop beats at
- * every size (measured 2.2x at 256 rows). Setting OPENBLAS_CORETYPE before the
- * program starts names the right ones; the Makefile does so when it sees this. */
+ * every size. Setting OPENBLAS_CORETYPE before the program starts names the
+ * right ones; the Makefile does so when it sees this. */
 static int kvt_blas_generic(void) {
     static int generic = -1;
     if (generic < 0) generic = !strcmp(openblas_get_corename(), "Prescott");
@@ -986,8 +984,8 @@ static int kvt_blas_generic(void) {
 }
 /* The CPU's matmul: our own loops for decode and small batches (each weight
  * row read from memory once for all rows of x), OpenBLAS sgemm from
- * KVT_SGEMM_ROWS rows on, where its blocking for the caches wins (the
- * crossover table in README.md, `--bench matmul`). */
+ * KVT_SGEMM_ROWS rows on, where its blocking for the caches wins
+ * (`--bench matmul` prints the crossover). */
 static void matmul_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
     if (n >= KVT_SGEMM_ROWS && !kvt_blas_generic()) matmul_sgemm_cpu(out, x, w, n, k, d);
     else matmul_rows_cpu(out, x, w, n, k, d);
@@ -1728,7 +1726,7 @@ struct kvt_engine {
  *  - int8 groups of 32 channels: llama.cpp's q8_0 block size;
  *  - max_rows 256: a prompt is prefilled 256 rows per call, bounding scratch
  *    (~32 MB of logits for V = 32000); sgemm needs a few hundred rows to reuse
- *    each weight enough (measured: 960 tokens prefill 1.3x faster than with 64);
+ *    each weight enough (64-row pieces make a prefill clearly slower);
  *  - prefix reuse on: free when nothing matches, a big saving when it does. */
 /* The int8 group size for head size HS when the caller chose none (0): 32,
  * else 16 when it divides HS (the CPU's loops take 8 or 16 channels of one scale

@@ -19,18 +19,19 @@
  * Inside a chunk, position t+1's row follows position t's, KVD = NKV * HS
  * elements further, so a run is one kv_index (its first row) and a stride:
  * no table look-up or division per key. (int8: row j's first scale is
- * (i + j * KVD) / G, since G divides HS and so KVD.) Tiles of one chunk (16
- * positions by default) made the fp16 cache 20% slower from memory than
- * tiles of 32 on the Xeon (a tile's fixed costs, its max, exponentials and sums, are paid
- * once per query and tile). */
+ * (i + j * KVD) / G, since G divides HS and so KVD.) A tile does not stop at
+ * the end of a chunk (16 positions by default): its fixed costs (its max,
+ * exponentials and sums) are paid once per query and tile, so longer tiles
+ * pay them less often. */
 
 /* KVT_VEC stored values -> KVT_VEC floats, in registers. fp16: the values of
  * f16_to_f32 (the spec), by the hardware where the compiler offers it: one
  * instruction with AVX-512 or F16C (x86 since 2012), Arm's native half type.
- * One at a time in software, the conversion cost more than the bytes fp16
- * saves (the fp16 cache was 2x slower than fp32). make test checks all 65,536
- * halves. int8: widened and converted, two instructions with AVX-512 or AVX2
- * (GCC 12 turns the plain loop and __builtin_convertvector into a dozen). */
+ * One at a time in software, the conversion costs more than the bytes fp16
+ * saves: such an fp16 cache is read slower than fp32. make test checks all
+ * 65,536 halves. int8: widened and converted, two instructions with AVX-512
+ * or AVX2 (GCC 12 turns the plain loop and __builtin_convertvector into a
+ * dozen). */
 static inline kvt_vec vec_load_f16(const uint16_t *p) {
     kvt_vec v;
 #if KVT_VEC == 16
@@ -131,8 +132,8 @@ static inline __attribute__((always_inline)) void kv_dot4_cpu(const void *data, 
 /* out[u * os] = scale * q[u] . (K row at element ki + u * ks) for the n
  * queries q[0..n-1]: four at a time where KVT_VEC divides HS (and G), the
  * rest with kv_row_dot_cpu. si: the int8 scale index of the row at ki (ki /
- * G, which the caller keeps up to date by additions: a 64-bit division per
- * key made int8 attention 1.05x slower, README); 0 for fp32 and fp16. */
+ * G, which the caller keeps up to date by additions: no 64-bit division per
+ * key); 0 for fp32 and fp16. */
 static void kv_dots_cpu(const kvt_kv *kv, size_t ki, size_t si, size_t ks, const float *const *q, int n,
                         float scale, float *out, int os) {
     int u = 0, HS = kv->HS, G = kv->G, dt = kv->dtype;
@@ -151,18 +152,16 @@ static void kv_dots_cpu(const kvt_kv *kv, size_t ki, size_t si, size_t ks, const
  * at element i (int8: its first scale si), before it is needed: the row's
  * cache lines and its int8 scales. A hint: the core does not wait for it,
  * and it never faults. always_inline, or the hint is lost: a prefetch
- * changes no memory, so GCC (12, -O3) found this function free of effects
- * and deleted its calls; the V rows were never asked for (README: the fp16
- * and int8 caches were 1.4x and 1.33x slower at T 4000 without it).
- * (Not for an fp32 decode row: its pass 2 reads V in memory order, §12.)
- * fp32 reads one byte of each line instead (a volatile load, which the
- * compiler must keep): its row is 48 lines in the 110M shape, asked for
- * while the K row's 48 are read, more than a core keeps in flight (about
- * 22 lines, measured on Zen 1: README), and a hint that finds no room may
- * be dropped where a load waits. With hints the sums of V that follow took
- * 0.70 ms at T 4000, with loads 0.33, run again from cache 0.22. fp16 and
- * int8 rows are 24 and 12 lines, and loads were slower for them than hints
- * (they hold up the conversions behind them). */
+ * changes no memory, so GCC (12, -O3) finds a function of prefetches free of
+ * effects and deletes its calls, and the V rows are never asked for.
+ * (Not for an fp32 decode row: its pass 2 reads V in memory order,
+ * tile_v_rows_cpu.) fp32 reads one byte of each line instead (a volatile
+ * load, which the compiler must keep): its row is 48 lines in the 110M
+ * shape, asked for while the K row's 48 are read, more than a core keeps in
+ * flight (a few dozen lines), and a hint that finds no room may be dropped,
+ * where a load waits for room; so the V rows are there when pass 2 sums
+ * them. fp16 and int8 rows are 24 and 12 lines, few enough for hints, which
+ * are better for them than loads (a load holds up the conversions behind it). */
 static inline __attribute__((always_inline)) void kv_prefetch_row(const kvt_kv *kv, size_t i, size_t si) {
     kvt_dtype dt = (kvt_dtype)kv->dtype;
     size_t KVD = (size_t)kv->NKV * kv->HS, bytes = kvt_dtype_size(dt, KVD);
@@ -200,11 +199,10 @@ static inline __attribute__((always_inline)) void kv_axpy_cols_kv_cpu(const kvt_
 /* acc (HS) += sum_j wgt[j] * V row j, for the n rows of a tile (row j at
  * element i + j * KVD; int8: its scales from si + j * KVD / G), KVT_AXPY
  * channels at a time where HS allows (else KVT_VEC): acc is read and written
- * once per tile. One vector at a time instead, walking the 32 rows (3 KiB
- * apart in the 110M shape) again for every 8 floats of each, took 1.15x as
- * long for fp32 in cache on the AMD machine (README). int8: the weight times
- * the row's scale of these channels, so a block must lie in one group
- * (KVT_AXPY divides G); otherwise row by row, by the spec. */
+ * once per tile, and the tile's rows (3 KiB apart in the 110M shape) are
+ * walked once per KVT_AXPY channels, not again for every vector. int8: the
+ * weight times the row's scale of these channels, so a block must lie in one
+ * group (KVT_AXPY divides G); otherwise row by row, by the spec. */
 #define KVT_AXPY 32 /* channels per block: 4 vectors with AVX2, 2 with AVX-512 */
 static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, size_t i, size_t si, int n) {
     int HS = kv->HS, int8 = kv->dtype == KVT_INT8, G = int8 ? kv->G : HS; /* fp32, fp16: one "group", unscaled */
@@ -321,12 +319,13 @@ static inline void tile_softmax_cpu(float *pp, float *acc, float *s, int nk, int
  * w[h][j] * V row j of head h's kv head, for the tile's first nk keys, in
  * the order V lies in memory: key by key, and inside a key its kv heads'
  * rows side by side, so each run is read front to back like K in pass 1 and
- * the hardware prefetcher keeps ahead. Per kv head instead (the loop below
- * for other rows), 32 rows KVD apart, V had to be fetched during pass 1 and
- * still waited: 16 sequences at 960 positions, 110M shape, on the 2-core
- * Zen 4, all 12 layers' attention 77-86 -> 51-60 ms (3 runs each, README).
- * acc is the work item's own: part[] has other pieces' sums beside each
- * head's, and writing it key by key made the loop 4x slower in cache. */
+ * the hardware prefetcher keeps ahead. Per kv head instead (the loop of
+ * attention_piece_cpu for other rows), a tile's V rows lie KVD elements
+ * apart: they must be asked for during pass 1 (kv_prefetch_row), and for
+ * fp32 rows the sums still wait for them. acc is the work item's own, (NH,
+ * HS) in one piece: in part[] each head's sums lie among other pieces'
+ * values, and writing them there key by key is several times slower, even
+ * in cache. */
 static void tile_v_rows_cpu(float *acc, float (*w)[KVT_ATTN_TILE], const kvt_kv *kv, int NH, int nk, int nrun,
                             const int *at, const size_t *kr, size_t voff) {
     int HS = kv->HS, group = NH / kv->NKV;
@@ -356,8 +355,8 @@ static void tile_v_rows_cpu(float *acc, float (*w)[KVT_ATTN_TILE], const kvt_kv 
  *     cache by now; an fp32 decode row instead reads V key by key, in memory
  *     order (tile_v_rows_cpu).
  * Reading K one kv head at a time instead (32 rows of HS values, KVD apart)
- * made the int8 cache no faster than fp32 from memory: 1.45x slower for int8
- * and fp16 (measured, README). */
+ * does not stream memory in order, and then the bytes fp16 and int8 save buy
+ * no time: their caches are read no faster than fp32's. */
 static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, int l, int NH, int r0, int r1,
                                 int sp, int split_len, int nsplit) {
     int HS = kv->HS, group = NH / kv->NKV, tab = kv->row_tab[r0], t_begin = sp * split_len, p_max = 0;
