@@ -697,7 +697,8 @@ KVT_HD float f16_to_f32(uint16_t h) {
  *   scale = max|x| / 127,  q = clamp(round(x / scale), -127, 127),  x ~ scale * q.
  * Rounding to nearest makes |x - scale*q| <= scale/2. Why per group and not per
  * tensor: one outlier channel would otherwise blow up the scale of everything.
- * Why -127 and not -128: a symmetric range keeps 0 exact and -x == -(x).
+ * Why -127 and not -128: a symmetric range keeps 0 exact and makes
+ * q(-x) = -q(x).
  * An all-zero group gets scale 0 and q = 0: no division by zero. */
 KVT_HD float quantize_group(const float *x, int8_t *q, int g) {
     float amax = 0.0f;
@@ -1098,7 +1099,8 @@ static void matmul_tiled_gpu(float *out, const float *x, const float *w, int n, 
                out, x, w, n, k, d);
 }
 /* Decode and small batches (up to 2 passes of KVT_MV_X rows) read the weights
- * with the rows kernel; prefill reuses each loaded tile of weights 16 times. */
+ * with the rows kernel; prefill reuses each loaded tile of weights KVT_TILE
+ * times (16 on the GPU). */
 static void matmul_gpu(float *out, const float *x, const float *w, int n, int k, int d) {
     if (n <= 2 * KVT_MV_X) matmul_rows_gpu(out, x, w, n, k, d);
     else matmul_tiled_gpu(out, x, w, n, k, d);
@@ -1236,8 +1238,8 @@ KVT_HD float kv_dot(const kvt_kv *kv, size_t i, const float *q, int HS) {
     return s;
 }
 /* acc (HS) += w * the stored row at element i, decoded like kv_dot: the
- * attention's weighted sum of V, one row at a time (the spec; §12's CPU loop
- * does many rows per pass). */
+ * attention's weighted sum of V, one row at a time (the spec, which §11 and
+ * §12's spec use; the tuned kv_rows_axpy_cpu does many rows per pass). */
 KVT_HD void kv_axpy(const kvt_kv *kv, size_t i, float w, float *acc, int HS) {
     if (kv->dtype == KVT_FP32) {
         const float *v = (const float *)kv->data + i;
@@ -1498,7 +1500,9 @@ static void attention_fused_cpu(float *out, const float *q, kvt_kv kv, int l, in
  *   step 4 thread c: acc[c] = acc[c]*exp(m-m') + sum_j e_j V[t0+j][c]
  *
  * Each thread keeps the accumulator of its channels c = tid, tid+blockDim, ...
- * No score row is written to global memory; the only traffic is K and V once. */
+ * No score row is written to global memory: a block reads its query, its
+ * piece's K and V rows once, and writes its output (the NH/NKV query heads of
+ * a group are separate blocks, each reading their kv head's rows). */
 __global__ void attn_fused_kernel(float *out, float *part, const float *q, kvt_kv kv, int l,
                                   int NH, int split_len, int nsplit) {
     __shared__ float q_s[KVT_MAX_HS];   /* the query, pre-scaled by 1/sqrt(HS) */

@@ -202,7 +202,8 @@ static inline __attribute__((always_inline)) void kv_axpy_cols_kv_cpu(const kvt_
  * once per tile, and the tile's rows (3 KiB apart in the 110M shape) are
  * walked once per KVT_AXPY channels, not again for every vector. int8: the
  * weight times the row's scale of these channels, so a block must lie in one
- * group (KVT_AXPY divides G); otherwise row by row, by the spec. */
+ * group: KVT_AXPY channels where KVT_AXPY divides G, else KVT_VEC; where
+ * KVT_VEC does not divide HS (or G), row by row, by the spec. */
 #define KVT_AXPY 32 /* channels per block: 4 vectors with AVX2, 2 with AVX-512 */
 static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, size_t i, size_t si, int n) {
     int HS = kv->HS, int8 = kv->dtype == KVT_INT8, G = int8 ? kv->G : HS; /* fp32, fp16: one "group", unscaled */
