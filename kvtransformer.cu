@@ -25,8 +25,9 @@
  * (§16-§20, the random model at the end of §4 and the pool's printer and
  * checks at the end of §15 are the harness around the lesson: files in cli/
  * and bench/, included in their place, so it is still one compile. So are
- * the CPU's tuned vector loops of §9 and §10, in cpu/matmul.c and
- * cpu/attention.c: the specs they are checked against stay here.)
+ * the CPU's tuned loops, in cpu/matmul.c (§9) and cpu/attention.c (§10's
+ * vector loops and §12's tiled fused attention): the specs they are checked
+ * against stay here.)
  *
  * Dimensions: L layers, D model dim, NH query heads, NKV kv heads, HS head size,
  *   KVD = NKV*HS, HD FFN hidden, V vocab, T positions so far, TMAX max positions,
@@ -109,8 +110,8 @@ static void *kvt_malloc(size_t bytes) { /* invariant-level allocation (small) */
  * and asks Linux for huge pages (transparent huge pages, which the common
  * "madvise" setting gives only on request): the weights of a decode step are
  * then read through 1 TLB entry per 2 MiB instead of one per 4 KiB page (110M
- * shape: 220 instead of 107,000). Decode was about 1.04x faster with them on
- * the AMD machine (README). Where the kernel says no, the pages are just small. */
+ * shape: 220 instead of 107,000), fewer page walks on every decode step.
+ * Where the kernel says no, the pages are just small. */
 static void *host_alloc(size_t bytes) {
     size_t huge = (size_t)2 << 20;
     if (bytes < huge) return malloc(bytes > 0 ? bytes : 1);
@@ -735,7 +736,8 @@ KVT_HD float f16_to_f32(uint16_t h) {
  *   scale = max|x| / 127,  q = clamp(round(x / scale), -127, 127),  x ~ scale * q.
  * Rounding to nearest makes |x - scale*q| <= scale/2. Why per group and not per
  * tensor: one outlier channel would otherwise blow up the scale of everything.
- * Why -127 and not -128: a symmetric range keeps 0 exact and -x == -(x).
+ * Why -127 and not -128: a symmetric range keeps 0 exact and makes
+ * q(-x) = -q(x).
  * An all-zero group gets scale 0 and q = 0: no division by zero. */
 KVT_HD float quantize_group(const float *x, int8_t *q, int g) {
     float amax = 0.0f;
@@ -995,13 +997,11 @@ static void rmsnorm_gpu(float *out, const float *x, const float *w, int n, int D
  * tile loop once there are enough rows to reuse each weight many times. Each
  * core calls a single-threaded sgemm on its own columns of out: one thread
  * pool (OpenMP's) serves the whole program, instead of OpenBLAS's threads and
- * ours spinning against each other on the same cores. Here one core waits
- * for the other too (18% of sgemm's time in a prefill of 960 tokens), but
- * sharing chunks as matmul_rows_cpu does made that prefill slower, by 1.3x
- * (chunks of 32 columns) to 1.6x (128 columns): one narrow sgemm call runs
- * at about half the speed of a wide one (15-19 against 32 GFLOP/s, 256 rows
- * of x). */
-#define KVT_SGEMM_ROWS 32 /* from this many rows on, sgemm (measured: --bench matmul, README) */
+ * ours spinning against each other on the same cores. With equal parts one
+ * core may wait for the other at the end, but sharing chunks of columns as
+ * matmul_rows_cpu does would cost more: one narrow sgemm call runs at about
+ * half the speed of a wide one. */
+#define KVT_SGEMM_ROWS 32 /* from this many rows on, sgemm (where `--bench matmul` sees it overtake) */
 static void matmul_sgemm_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
 #pragma omp parallel
     {
@@ -1015,8 +1015,8 @@ static void matmul_sgemm_cpu(float *out, const float *x, const float *w, int n, 
 /* OpenBLAS picks its kernels for the CPU when it loads. One older than the
  * CPU (Debian 12's 0.3.21 on a 2023 Xeon) does not know it and falls back to
  * its generic "Prescott" kernels (SSE3, no FMA), which the tile loop beats at
- * every size (measured 2.2x at 256 rows). Setting OPENBLAS_CORETYPE before the
- * program starts names the right ones; the Makefile does so when it sees this. */
+ * every size. Setting OPENBLAS_CORETYPE before the program starts names the
+ * right ones; the Makefile does so when it sees this. */
 static int kvt_blas_generic(void) {
     static int generic = -1;
     if (generic < 0) generic = !strcmp(openblas_get_corename(), "Prescott");
@@ -1024,8 +1024,8 @@ static int kvt_blas_generic(void) {
 }
 /* The CPU's matmul: our own loops for decode and small batches (each weight
  * row read from memory once for all rows of x), OpenBLAS sgemm from
- * KVT_SGEMM_ROWS rows on, where its blocking for the caches wins (the
- * crossover table in README.md, `--bench matmul`). */
+ * KVT_SGEMM_ROWS rows on, where its blocking for the caches wins
+ * (`--bench matmul` prints the crossover). */
 static void matmul_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
     if (n >= KVT_SGEMM_ROWS && !kvt_blas_generic()) matmul_sgemm_cpu(out, x, w, n, k, d);
     else matmul_rows_cpu(out, x, w, n, k, d);
@@ -1138,7 +1138,8 @@ static void matmul_tiled_gpu(float *out, const float *x, const float *w, int n, 
                out, x, w, n, k, d);
 }
 /* Decode and small batches (up to 2 passes of KVT_MV_X rows) read the weights
- * with the rows kernel; prefill reuses each loaded tile of weights 16 times. */
+ * with the rows kernel; prefill reuses each loaded tile of weights KVT_TILE
+ * times (16 on the GPU). */
 static void matmul_gpu(float *out, const float *x, const float *w, int n, int k, int d) {
     if (n <= 2 * KVT_MV_X) matmul_rows_gpu(out, x, w, n, k, d);
     else matmul_tiled_gpu(out, x, w, n, k, d);
@@ -1276,8 +1277,8 @@ KVT_HD float kv_dot(const kvt_kv *kv, size_t i, const float *q, int HS) {
     return s;
 }
 /* acc (HS) += w * the stored row at element i, decoded like kv_dot: the
- * attention's weighted sum of V, one row at a time (the spec; §12's CPU loop
- * does many rows per pass). */
+ * attention's weighted sum of V, one row at a time (the spec, which §11 and
+ * §12's spec use; the tuned kv_rows_axpy_cpu does many rows per pass). */
 KVT_HD void kv_axpy(const kvt_kv *kv, size_t i, float w, float *acc, int HS) {
     if (kv->dtype == KVT_FP32) {
         const float *v = (const float *)kv->data + i;
@@ -1294,19 +1295,10 @@ KVT_HD void kv_axpy(const kvt_kv *kv, size_t i, float w, float *acc, int HS) {
     }
 }
 
-#define KVT_ATTN_TILE 32 /* most keys per tile of the CPU's fused attention (§12) */
-/* The CPU's fused attention (§12) reads the cache a tile at a time: up to
- * KVT_ATTN_TILE consecutive positions of one sequence, cut into runs where a
- * chunk ends. Inside a chunk, position t+1's row follows position t's, KVD =
- * NKV * HS elements further, so a run is one kv_index (its first row) and a
- * stride: no table look-up or division per key. (int8: row j's first scale is
- * (i + j * KVD) / G, since G divides HS and so KVD.) Tiles of one chunk (16
- * positions by default) made the fp16 cache 20% slower from memory than
- * tiles of 32 on the Xeon (a tile's fixed costs, its max, exponentials and sums, are paid
- * once per query and tile). */
-/* The CPU's vector loops over cached rows that §12 runs on (fp16 and int8
- * converted in registers, four dot products at a time, V summed 32 channels
- * at a time, prefetch, e^x) are in cpu/attention.c, included here. */
+/* The CPU's tuned attention loops are in cpu/attention.c, included here:
+ * vector loops over cached rows (fp16 and int8 converted in registers, four
+ * dot products at a time, V summed 32 channels at a time, prefetch, e^x) and
+ * §12's tiled loop that runs on them (attention_piece_cpu). */
 #include "cpu/attention.c"
 
 /* Store `count` values at element i: copy, round to half, or quantize as one
@@ -1451,197 +1443,52 @@ static void attention_naive_gpu(float *out, const float *q, kvt_kv kv, int l, in
  *   l = sum l_i e^(m_i - M),  out = sum acc_i e^(m_i - M) / l.
  * With one split this is the plain fused loop.
  *
- * The CPU version walks the keys in tiles of up to KVT_ATTN_TILE positions
- * (in runs of a fixed stride, one per chunk they touch), and each tile
- * serves a block of queries: up to KVT_ATTN_QROWS consecutive rows of one
- * sequence (a prefill) times the NH/NKV query heads that share a kv head. A
- * K/V row is then read from memory (and decoded) once per block instead of
- * once per query: FlashAttention's loop order.
- *
- *              keys: tile 0        tile 1        ...   (one piece of the split)
- *   query r0, h   [s s s s ...] [s s s s ...]    per query: m, l, acc (HS)
- *   query r0, h'  [s s s s ...] [s s s s ...]    live in part[], updated
- *   query r1, h   [s s s ...  ] ...               once per tile
- *
- * The causal mask is a count: row r sees the first row_pos[r] - t0 + 1 keys
- * of the tile (all of them, except in the last tile of a prefill block).
- *
- * Work items (query block, kv head, piece) are spread over the cores, so one
- * decode row uses every core too: its NH heads, and its pieces once the
- * context is long. Each item writes only its own queries' (m, l, acc), so the
- * result does not depend on the number of threads.
+ * Three forms of it follow. The spec, attention_fused_spec_cpu: the loop
+ * above for one query at a time, key by key, and nothing else; test.c
+ * checks the other two against it. The CPU path the engine runs,
+ * attention_fused_cpu: work items of (block of rows, piece) over the cores,
+ * each running the tiled loop of cpu/attention.c (attention_piece_cpu: a
+ * tile of keys serves a block of queries, FlashAttention's loop order), then
+ * the merge. The GPU kernel: one block per (row, head, piece), a tile of
+ * keys per step, one key per thread.
  * part: (n, NH, nsplit, 2 + HS), the (m, l, acc) of every piece. */
-#define KVT_ATTN_QROWS 16 /* rows of one sequence that share each tile */
 
-/* s[0] + ... + s[n-1] for a tile (s has room for KVT_ATTN_TILE values): zero
- * the rest, add KVT_VEC at a time, then one horizontal sum. (An `omp simd
- * reduction(+)` ends in 16 dependent scalar adds with GCC 12.) */
-static inline float tile_sum_cpu(float *s, int n) {
-    for (int j = n; j < KVT_ATTN_TILE; j++) s[j] = 0.0f;
-    kvt_vec v = vec_load(s);
-    for (int j = KVT_VEC; j < KVT_ATTN_TILE; j += KVT_VEC) v += vec_load(s + j);
-    return vec_sum(v);
-}
-KVT_STATIC_ASSERT(KVT_ATTN_TILE % KVT_VEC == 0, "the CPU attention tile is whole vectors");
-
-/* A tile: nt consecutive positions from t0, cut into runs where a chunk
- * ends. Run i is keys at[i] .. at[i+1] - 1 of the tile; inside it, key j + 1's
- * row is KVD elements after key j's, and its first K row (head 0) is at
- * element kr[i]. int8: that row's first scale is sr[i]. Returns the runs. */
-static int tile_runs_cpu(const kvt_kv *kv, int l, int tab, int t0, int nt, int *at, size_t *kr, size_t *sr) {
-    int nrun = 0;
-    for (at[0] = 0; at[nrun] < nt; nrun++) {
-        int t = t0 + at[nrun], chunk_end = at[nrun] + kv->CH - t % kv->CH;
-        kr[nrun] = kv_index(kv, l, 0, tab, t, 0);
-        sr[nrun] = kv->scales ? kr[nrun] / (size_t)kv->G : 0;
-        at[nrun + 1] = chunk_end < nt ? chunk_end : nt;
-    }
-    return nrun;
-}
-/* The online softmax's step for one query and one tile: its nk scores s
- * become weights exp(s - m) against the running max m = pp[0], and the
- * running sum pp[1] grows by theirs; when the tile raised the max, what was
- * summed so far (pp[1] and acc, HS values) is rescaled first. */
-static inline void tile_softmax_cpu(float *pp, float *acc, float *s, int nk, int HS) {
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int j = 0; j < nk; j++) mx = s[j] > mx ? s[j] : mx;
-    if (mx > pp[0]) { /* a new max: rescale what we have (once per tile at most) */
-        float corr = expf(pp[0] - mx);
-        pp[1] *= corr;
-        for (int c = 0; c < HS; c++) acc[c] *= corr;
-        pp[0] = mx;
-    }
-    float m = pp[0];
-#pragma omp simd /* a vector of weights per instruction */
-    for (int j = 0; j < nk; j++) s[j] = exp_neg_cpu(s[j] - m);
-    pp[1] += tile_sum_cpu(s, nk);
-}
-/* Pass 2 for an fp32 decode row (one query per head): acc (NH, HS) +=
- * w[h][j] * V row j of head h's kv head, for the tile's first nk keys, in
- * the order V lies in memory: key by key, and inside a key its kv heads'
- * rows side by side, so each run is read front to back like K in pass 1 and
- * the hardware prefetcher keeps ahead. Per kv head instead (the loop below
- * for other rows), 32 rows KVD apart, V had to be fetched during pass 1 and
- * still waited: 16 sequences at 960 positions, 110M shape, on the 2-core
- * Zen 4, all 12 layers' attention 77-86 -> 51-60 ms (3 runs each, README).
- * acc is the work item's own: part[] has other pieces' sums beside each
- * head's, and writing it key by key made the loop 4x slower in cache. */
-static void tile_v_rows_cpu(float *acc, float (*w)[KVT_ATTN_TILE], const kvt_kv *kv, int NH, int nk, int nrun,
-                            const int *at, const size_t *kr, size_t voff) {
-    int HS = kv->HS, group = NH / kv->NKV;
-    size_t KVD = (size_t)kv->NKV * HS;
-    for (int i = 0; i < nrun && at[i] < nk; i++) {
-        const float *v = (const float *)kv->data + kr[i] + voff; /* key at[i]'s V row of kv head 0 */
-        for (int j = at[i]; j < (at[i + 1] < nk ? at[i + 1] : nk); j++, v += KVD)
-            for (int h = 0; h < NH; h++) {
-                const float *vh = v + (size_t)(h / group) * HS;
-                float wj = w[h][j], *a = acc + (size_t)h * HS;
-#pragma omp simd
-                for (int c = 0; c < HS; c++) a[c] += wj * vh[c];
-            }
-    }
-}
-/* One work item: the queries of rows [r0, r1) (one sequence), all heads, over
- * the positions of piece sp. A tile is read in two passes:
- *  1. the scores of every query (row, head), position by position: a
- *     position's K rows for all kv heads lie side by side in its chunk, so
- *     this pass reads K in the order it lies in memory, which the hardware
- *     prefetcher follows; meanwhile it asks for the position's V rows
- *     (except an fp32 decode row, see 2). Four dot products at a time
- *     (kv_dots_cpu): four queries of one K row, or in decode (one query per
- *     kv head) four kv heads side by side;
- *  2. each query's softmax update (tile_softmax_cpu), then the weighted sum
- *     of V: per kv head for all the block's queries, the V rows read from
- *     cache by now; an fp32 decode row instead reads V key by key, in memory
- *     order (tile_v_rows_cpu).
- * Reading K one kv head at a time instead (32 rows of HS values, KVD apart)
- * made the int8 cache no faster than fp32 from memory: 1.45x slower for int8
- * and fp16 (measured, README). */
-static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, int l, int NH, int r0, int r1,
-                                int sp, int split_len, int nsplit) {
-    int HS = kv->HS, group = NH / kv->NKV, tab = kv->row_tab[r0], t_begin = sp * split_len, p_max = 0;
-    float scale = 1.0f / sqrtf((float)HS);
-    size_t KVD = (size_t)kv->NKV * HS;
-    for (int r = r0; r < r1; r++) {
-        p_max = kv->row_pos[r] > p_max ? kv->row_pos[r] : p_max;
+/* The spec: for each query (row r, head h), the online softmax over the keys
+ * 0..p, p = row_pos[r], one at a time, read through the same accessors as
+ * the naive form (§11): kv_index finds the key's row through the chunk
+ * table, kv_dot and kv_axpy decode fp16 and int8 as they read. The whole
+ * range is one piece (no split), so out = acc / l at the end. Plain loops on
+ * one core. Nothing in the program calls it (hence `unused`: no warning, and
+ * no machine code in kvt); the engine runs attention_fused_cpu below, and
+ * test.c checks that against this. out, q (n, NH*HS). */
+static __attribute__((unused)) void attention_fused_spec_cpu(float *out, const float *q, kvt_kv kv, int l, int n,
+                                                             int NH) {
+    int HS = kv.HS, group = NH / kv.NKV; /* GQA: query heads h of one group share kv head h / group */
+    float scale = 1.0f / sqrtf((float)HS), acc[KVT_MAX_HS];
+    KVT_ASSERT(HS <= KVT_MAX_HS);
+    for (int r = 0; r < n; r++)
         for (int h = 0; h < NH; h++) {
-            float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
-            pp[0] = -INFINITY; /* m: no score seen yet */
-            pp[1] = 0.0f;      /* l */
-            for (int c = 0; c < HS; c++) pp[2 + c] = 0.0f;
-        }
-    }
-    int t_end = p_max + 1 < t_begin + split_len ? p_max + 1 : t_begin + split_len;
-    /* The block's queries, kv head by kv head: query u = (kv head kh, row r,
-     * head h of kh's group); the n = rows x group of them from u = kh * n on
-     * read kv head kh's K rows. qs[u] is its q, scores[u] its tile of scores. */
-    int nq = (r1 - r0) * NH, n = (r1 - r0) * group;
-    const float **qs = (const float **)kvt_malloc((size_t)nq * sizeof(float *));
-    float (*scores)[KVT_ATTN_TILE] = (float (*)[KVT_ATTN_TILE])kvt_malloc((size_t)nq * sizeof(*scores));
-    for (int kh = 0, u = 0; kh < kv->NKV; kh++)
-        for (int r = r0; r < r1; r++)
-            for (int h = kh * group; h < (kh + 1) * group; h++) qs[u++] = q + ((size_t)r * NH + h) * HS;
-    /* A tile's runs (tile_runs_cpu). V rows follow the chunk's K rows, voff
-     * further; int8: a row's scales rsc apart, V's vsoff after K's (no
-     * division per key, see kv_dots_cpu). */
-    int at[KVT_ATTN_TILE + 1], nrun;
-    size_t kr[KVT_ATTN_TILE], sr[KVT_ATTN_TILE], voff = (size_t)kv->CH * KVD;
-    size_t rsc = (size_t)kv->NKV * kv->HG, vsoff = (size_t)kv->CH * rsc;
-    /* an fp32 decode row sums V in memory order, into acc (NH, HS), copied to part[] at the end */
-    int vrows = r1 - r0 == 1 && kv->dtype == KVT_FP32;
-    float *acc = vrows ? (float *)kvt_malloc((size_t)NH * HS * sizeof(float)) : NULL;
-    for (int c = 0; vrows && c < NH * HS; c++) acc[c] = 0.0f;
-    for (int t0 = t_begin, nt; t0 < t_end; t0 += nt) {
-        nt = t_end - t0 < KVT_ATTN_TILE ? t_end - t0 : KVT_ATTN_TILE;
-        nrun = tile_runs_cpu(kv, l, tab, t0, nt, at, kr, sr);
-        /* pass 1: key j's scores, already scaled, for every query of the
-         * block (also a row's future keys in its last tile, cached by this
-         * forward and skipped by pass 2: simpler than a mask here) */
-        for (int i = 0; i < nrun; i++)
-            for (int j = at[i]; j < at[i + 1]; j++) {
-                size_t ki = kr[i] + (size_t)(j - at[i]) * KVD; /* key j's K row of kv head 0 */
-                size_t si = sr[i] + (size_t)(j - at[i]) * rsc; /* and its first int8 scale */
-                if (!vrows) kv_prefetch_row(kv, ki + voff, si + vsoff);
-                if (n == 1) /* one query per kv head: the kv heads' rows side by side, four at a time */
-                    kv_dots_cpu(kv, ki, si, HS, qs, kv->NKV, scale, &scores[0][j], KVT_ATTN_TILE);
-                else /* each kv head's row for its n queries */
-                    for (int kh = 0; kh < kv->NKV; kh++)
-                        kv_dots_cpu(kv, ki + (size_t)kh * HS, si + (size_t)kh * kv->HG, 0, qs + kh * n, n, scale,
-                                    &scores[kh * n][j], KVT_ATTN_TILE);
-            }
-        /* pass 2: the softmax updates and sums of V */
-        if (vrows) { /* one row: query u is head u (qs above); its position p_max is at or past the
-                      * piece's last key t_end - 1, so it sees every key of the tile */
-            for (int h = 0; h < NH; h++)
-                tile_softmax_cpu(part + (((size_t)r0 * NH + h) * nsplit + sp) * (2 + HS), acc + (size_t)h * HS,
-                                 scores[h], nt, HS);
-            tile_v_rows_cpu(acc, scores, kv, NH, nt, nrun, at, kr, voff);
-            continue;
-        }
-        for (int kh = 0, u = 0; kh < kv->NKV; kh++) {
-            size_t off = (size_t)kh * HS; /* kv head kh's rows */
-            for (int r = r0; r < r1; r++) {
-                int nk = kv->row_pos[r] - t0 + 1; /* the causal mask: row r sees keys t0 .. row_pos[r] */
-                nk = nk < nt ? nk : nt;
-                for (int h = kh * group; h < (kh + 1) * group; h++) {
-                    float *s = scores[u++];
-                    if (nk <= 0) continue; /* all of this tile is in the row's future */
-                    float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
-                    tile_softmax_cpu(pp, pp + 2, s, nk, HS);
-                    for (int i = 0; i < nrun && at[i] < nk; i++)
-                        kv_rows_axpy_cpu(kv, pp + 2, s + at[i], kr[i] + voff + off, sr[i] + vsoff + (size_t)kh * kv->HG,
-                                         (at[i + 1] < nk ? at[i + 1] : nk) - at[i]);
+            int p = kv.row_pos[r], kh = h / group;
+            const float *qh = q + ((size_t)r * NH + h) * HS;
+            float m = -INFINITY, sum = 0.0f; /* the running max m and sum l: no key seen yet */
+            for (int c = 0; c < HS; c++) acc[c] = 0.0f;
+            for (int t = 0; t <= p; t++) { /* the causal mask: keys after p are not read at all */
+                float s = kv_dot(&kv, kv_index(&kv, l, 0, kv.row_tab[r], t, kh), qh, HS) * scale;
+                if (s > m) { /* a new max m' = s: the rescale (first key: exp(-inf) = 0 times nothing) */
+                    float corr = expf(m - s);
+                    sum *= corr;
+                    for (int c = 0; c < HS; c++) acc[c] *= corr;
+                    m = s;
                 }
+                float w = expf(s - m); /* <= 1: s - m <= 0, so exp never overflows */
+                sum += w;
+                kv_axpy(&kv, kv_index(&kv, l, 1, kv.row_tab[r], t, kh), w, acc, HS);
             }
+            float *oh = out + ((size_t)r * NH + h) * HS;
+            for (int c = 0; c < HS; c++) oh[c] = acc[c] / sum; /* the softmax's division, once at the end */
         }
-    }
-    for (int h = 0; vrows && h < NH; h++)
-        memcpy(part + (((size_t)r0 * NH + h) * nsplit + sp) * (2 + HS) + 2, acc + (size_t)h * HS, HS * sizeof(float));
-    free(acc);
-    free(qs);
-    free(scores);
 }
+
 /* out = the merge of the pieces (with one piece: M = m, so out = acc / l). */
 static void attention_merge_cpu(float *out, const float *part, int n, int NH, int HS, int nsplit) {
 #pragma omp parallel for schedule(static) if (n * NH * nsplit > 64)
@@ -1660,6 +1507,15 @@ static void attention_merge_cpu(float *out, const float *part, int n, int NH, in
         for (int c = 0; c < HS; c++) oh[c] /= sum;
     }
 }
+/* The CPU path the engine runs. Its work items are (block of rows, piece),
+ * spread over the cores; a block is up to KVT_ATTN_QROWS consecutive rows of
+ * one sequence with all their NH heads (one attention_piece_cpu call walks
+ * every kv head). So the heads of a row are never split between cores: a
+ * decode row is one block, and it reaches several cores only through its
+ * pieces (attn_split, §15, cuts calls of up to KVT_CPU_SPLIT_ROWS rows into
+ * pieces of KVT_CPU_SPLIT positions); a batch of rows of different sequences
+ * is many blocks. Each item writes only its own queries' (m, l, acc), so the
+ * result does not depend on the number of threads. */
 static void attention_fused_cpu(float *out, const float *q, kvt_kv kv, int l, int n, int NH,
                                 float *part, int split_len, int nsplit) {
     /* query blocks: runs of up to KVT_ATTN_QROWS consecutive rows of one sequence */
@@ -1683,7 +1539,9 @@ static void attention_fused_cpu(float *out, const float *q, kvt_kv kv, int l, in
  *   step 4 thread c: acc[c] = acc[c]*exp(m-m') + sum_j e_j V[t0+j][c]
  *
  * Each thread keeps the accumulator of its channels c = tid, tid+blockDim, ...
- * No score row is written to global memory; the only traffic is K and V once. */
+ * No score row is written to global memory: a block reads its query, its
+ * piece's K and V rows once, and writes its output (the NH/NKV query heads of
+ * a group are separate blocks, each reading their kv head's rows). */
 __global__ void attn_fused_kernel(float *out, float *part, const float *q, kvt_kv kv, int l,
                                   int NH, int split_len, int nsplit) {
     __shared__ float q_s[KVT_MAX_HS];   /* the query, pre-scaled by 1/sqrt(HS) */
@@ -1911,7 +1769,7 @@ struct kvt_engine {
  *  - int8 groups of 32 channels: llama.cpp's q8_0 block size;
  *  - max_rows 256: a prompt is prefilled 256 rows per call, bounding scratch
  *    (~32 MB of logits for V = 32000); sgemm needs a few hundred rows to reuse
- *    each weight enough (measured: 960 tokens prefill 1.3x faster than with 64);
+ *    each weight enough (64-row pieces make a prefill clearly slower);
  *  - prefix reuse on: free when nothing matches, a big saving when it does. */
 /* The int8 group size for head size HS when the caller chose none (0): 32,
  * else 16 when it divides HS (the CPU's loops take 8 or 16 channels of one scale

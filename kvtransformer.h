@@ -86,8 +86,8 @@ void kvt_model_free(kvt_model *m);
 
 /* ---- tokenizer ----------------------------------------------------------- */
 
-struct kvt_piece; /* (text, id), defined in kvtransformer.cu */
-struct kvt_prob;  /* (probability, id), defined in kvtransformer.cu */
+struct kvt_piece; /* (text, id), defined in cli/tokenizer.c (§16) */
+struct kvt_prob;  /* (probability, id), defined in cli/sampler.c (§17) */
 
 typedef struct {
     int vocab_size;        /* V */
@@ -229,8 +229,9 @@ kvt_status kvt_forward(kvt_engine *e, kvt_seq *seq, const int *tokens, int n,
 kvt_status kvt_forward_batch(kvt_engine *e, kvt_seq *const *seqs, int n_seqs, const int *tokens,
                              const int *ntok, float *logits);
 
-/* One generation step as the options say: with the cache, feed `tok` at seq->len;
- * without it (kv_cache = 0), reset seq and re-run all of history[0..n_hist). */
+/* One generation step as the options say: with the cache, run the tokens not yet
+ * cached, history[seq->len .. n_hist) (one, after the prompt); without it
+ * (kv_cache = 0), reset seq and re-run all of history[0..n_hist). */
 kvt_status kvt_step(kvt_engine *e, kvt_seq *seq, const int *history, int n_hist,
                     float *logits);
 

@@ -695,6 +695,82 @@ static void test_attention_ragged(int gpu) {
     }
 }
 
+/* §12's spec, attention_fused_spec_cpu (one query at a time, key by key),
+ * against float64 attention; then the two paths the engine runs, the CPU's
+ * tiled loop (cpu/attention.c) and the GPU kernel, against the spec. The spec
+ * reads a cache of its own: the queries, K and V of attn_run (seeds 24, 21,
+ * 22), layer 0 filled with other values, chunks in reverse order of the pool.
+ * The float64 side does not read the cache at all: it takes the inputs
+ * rounded the way the cache stores them (fp16: f32_to_f16; int8: one
+ * quantize_group per G channels of a head), so a wrong chunk, layer, head,
+ * channel or scale in the spec's reads shows. */
+static void test_attention_spec(void) {
+    /* NH NKV HS CH TMAX T n dtype G */
+    acase cases[] = {
+        {4, 2, 16, 16, 64, 1, 1, KVT_FP32, 16},    /* T = 1: one key */
+        {4, 2, 16, 3, 64, 29, 5, KVT_FP32, 16},    /* GQA, chunks of 3, 5 prefill rows */
+        {8, 2, 64, 16, 128, 100, 1, KVT_FP32, 64}, /* one decode row over 4 tiles of 32 (fp32: V key by key) */
+        {4, 2, 16, 5, 128, 100, 40, KVT_FP16, 16}, /* fp16, 40 rows: blocks of 16, tiles across chunks */
+        {5, 5, 32, 7, 64, 30, 1, KVT_FP16, 32},    /* fp16 decode, one query head per kv head */
+        {4, 2, 32, 5, 64, 33, 3, KVT_INT8, 8},     /* int8, 4 scales per head row */
+        {2, 1, 40, 4, 128, 70, 3, KVT_INT8, 8},    /* int8, HS 40: leftovers in the vector loops */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const acase *c = &cases[i];
+        int KVD = c->NKV * c->HS, nch = kvt_cdiv(c->T, c->CH), ids[64], table[64];
+        size_t no = (size_t)c->n * c->NH * c->HS, nkv = (size_t)c->T * KVD;
+        kvt_pool p;
+        KVT_ASSERT(nch + 2 <= 64 && c->G <= 64); /* ids[], table[], and qg[] below */
+        KVT_ASSERT(pool_init(&p, 0, 2, c->NKV, c->HS, c->CH, nch + 2, c->dt, c->G) == KVT_OK);
+        for (int j = 0; j < nch + 2; j++) ids[j] = pool_take(&p);
+        for (int j = 0; j < nch; j++) table[j] = ids[nch + 1 - j]; /* logical chunk j: the (nch+1-j)-th taken */
+        float *K = frand(nkv, 1.0f, 21), *V = frand(nkv, 1.0f, 22), *J = frand(nkv, 5.0f, 29);
+        float *q = frand(no, 1.5f, 24);
+        int *pos = (int *)kvt_malloc((size_t)c->T * sizeof(int)), *len = (int *)kvt_malloc((size_t)c->T * sizeof(int));
+        int *tab = (int *)kvt_malloc((size_t)c->T * sizeof(int));
+        for (int t = 0; t < c->T; t++) { pos[t] = t; len[t] = c->T; tab[t] = 0; }
+        kvt_kv kv = kv_view(&p, table, tab, pos, len);
+        kv_write_cpu(kv, J, J, 0, c->T); /* layer 0: other values */
+        kv_write_cpu(kv, K, V, 1, c->T);
+        kv.row_pos = pos + (c->T - c->n); /* the queries: the last n positions */
+        float *spec = (float *)kvt_malloc(no * 4), *ref = (float *)kvt_malloc(no * 4), *got = (float *)kvt_malloc(no * 4);
+        attention_fused_spec_cpu(spec, q, kv, 1, c->n, c->NH);
+        /* the stored values, rounded on the host as kv_store rounds them */
+        float *Kr = (float *)kvt_malloc(nkv * 4), *Vr = (float *)kvt_malloc(nkv * 4);
+        for (int w = 0; w < 2; w++) {
+            const float *in = w ? V : K;
+            float *outv = w ? Vr : Kr;
+            if (c->dt == KVT_FP32) memcpy(outv, in, nkv * 4);
+            else if (c->dt == KVT_FP16)
+                for (size_t e = 0; e < nkv; e++) outv[e] = kvt_f16_to_f32(kvt_f32_to_f16(in[e]));
+            else
+                for (size_t g = 0; g < nkv; g += (size_t)c->G) { /* G divides HS: a group is inside one head */
+                    int8_t qg[64];
+                    float sc = kvt_quantize_group(in + g, qg, c->G);
+                    for (int e = 0; e < c->G; e++) outv[g + (size_t)e] = sc * (float)qg[e];
+                }
+        }
+        attn_ref(c, Kr, Vr, ref);
+        char shape[64], what[200], cfg[96];
+        snprintf(shape, sizeof(shape), "row=%d,head=%d,ch=%d", c->n, c->NH, c->HS);
+        snprintf(cfg, sizeof(cfg), "NH=%d NKV=%d HS=%d CH=%d T=%d rows=%d %s", c->NH, c->NKV, c->HS, c->CH, c->T,
+                 c->n, kvt_dtype_name(c->dt));
+        snprintf(what, sizeof(what), "attention fused spec (key by key) vs float64 (%s)", cfg);
+        tally(kvt_check(what, spec, ref, (long)no, shape, TOL_ATTN, "TOL_ATTN"));
+        int splits[] = {0, 7};
+        for (int gpu = 0; gpu < 1 + kvt_gpu_available(); gpu++)
+            for (int si = 0; si < 2; si++) {
+                attn_run(c, gpu, 1, splits[si], got, NULL, NULL);
+                snprintf(what, sizeof(what), "attention fused %s, split_len %d, vs the spec (%s)",
+                         gpu ? "gpu kernel" : "cpu tiled loop", splits[si], cfg);
+                tally(kvt_check(what, got, spec, (long)no, shape, TOL_ATTN, "TOL_ATTN"));
+            }
+        free(K); free(V); free(J); free(q); free(pos); free(len); free(tab);
+        free(spec); free(ref); free(got); free(Kr); free(Vr);
+        pool_free(&p);
+    }
+}
+
 /* kv write on the GPU stores the same bytes as on the CPU. */
 static void test_kv_write_bytes(void) {
     kvt_dtype dts[] = {KVT_FP32, KVT_FP16, KVT_INT8};
@@ -3433,6 +3509,7 @@ int main(int argc, char **argv) {
     test_int8_group();
     test_attention(0);
     test_attention_ragged(0);
+    test_attention_spec();
     test_threads();
     test_gpu_split_rule();
     test_cache_on_off();

@@ -5,8 +5,7 @@
  * before. It lives beside the teaching file because it is the harness around
  * the lesson (timers, random contents, bounds, tables, CSV), not the lesson:
  * each bench calls the engine's public functions and the ops of §7-§14 and
- * reports what they cost. README.md, "Measured results", says which command
- * produced each figure. */
+ * reports what they cost, on the machine it runs on. */
 
 #if !defined(KVT_NO_MAIN) || defined(KVT_CLI) /* the benchmarks: for the command line only */
 /* Seconds for one read-only pass over a[0 .. n), n a multiple of 4096, on all
@@ -179,10 +178,10 @@ static kvt_status bench_decode(kvt_model *m, const kvt_options *o, FILE *csv) {
     /* CPU: before each timed step, one read-only pass over the model's own
      * weights, as many bytes as the step reads: the bandwidth of that moment,
      * on the same memory, milliseconds before the step. (The loops above ran
-     * seconds earlier on other arrays, and a shared VM's bandwidth moves by
-     * 1.7x within the hour.) frac[i]: the pass's time for the step's bytes
-     * over the step's time. Only for weights of 32 MiB or more: smaller ones
-     * would be read from the CPU's caches (8 MB of L3 here), not memory. */
+     * seconds earlier on other arrays, and a shared machine's bandwidth
+     * drifts from minute to minute.) frac[i]: the pass's time for the step's
+     * bytes over the step's time. Only for weights of 32 MiB or more: smaller
+     * ones would be read from the CPU's caches (several MB of L3), not memory. */
 #define KVT_PAIRED_MIN_BYTES (32.0 * (1 << 20))
     long nr = e->gpu || wb < KVT_PAIRED_MIN_BYTES ? 0 : (long)(wb / sizeof(float)) / 4096 * 4096, nf = 0;
     double dt = 0, *frac = (double *)kvt_malloc((size_t)steps * sizeof(double));

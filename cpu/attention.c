@@ -1,20 +1,37 @@
-/* kvtransformer.cu §10 and §12: the CPU's vector loops over cached rows,
- * included by kvtransformer.cu in §10, right after the spec of reading the
- * cache (kv_load, kv_dot, kv_axpy). The fused attention's CPU path (§12)
- * runs on them: KVT_VEC stored values converted to floats in registers (fp16,
- * int8), four dot products at a time (kv_dots_cpu), a position's V rows asked
- * for ahead (kv_prefetch_row), V summed 32 channels at a time
- * (kv_rows_axpy_cpu), and e^x of the softmax weights as arithmetic that
- * vectorizes (exp_neg_cpu). The same values as §10's spec, read faster; make
- * test compares them with it and with float64. */
+/* kvtransformer.cu §10 and §12: the CPU's tuned attention loops, included by
+ * kvtransformer.cu in §10, right after the spec of reading the cache
+ * (kv_load, kv_dot, kv_axpy). Two parts:
+ *  - vector loops over cached rows: KVT_VEC stored values converted to
+ *    floats in registers (fp16, int8), four dot products at a time
+ *    (kv_dots_cpu), a position's V rows asked for ahead (kv_prefetch_row), V
+ *    summed 32 channels at a time (kv_rows_axpy_cpu), and e^x of the softmax
+ *    weights as arithmetic that vectorizes (exp_neg_cpu): the same values as
+ *    §10's spec, read faster;
+ *  - the fused attention's tiled loop (attention_piece_cpu, at the end): the
+ *    online softmax of §12's spec (attention_fused_spec_cpu) for a block of
+ *    queries and a tile of keys at a time, run on those loops. The engine's
+ *    CPU path (attention_fused_cpu, §12) calls it.
+ * make test compares them with the specs and with float64. */
+
+#define KVT_ATTN_TILE 32 /* most keys per tile of the fused attention's CPU loop */
+/* The tiled loop reads the cache a tile at a time: up to KVT_ATTN_TILE
+ * consecutive positions of one sequence, cut into runs where a chunk ends.
+ * Inside a chunk, position t+1's row follows position t's, KVD = NKV * HS
+ * elements further, so a run is one kv_index (its first row) and a stride:
+ * no table look-up or division per key. (int8: row j's first scale is
+ * (i + j * KVD) / G, since G divides HS and so KVD.) A tile does not stop at
+ * the end of a chunk (16 positions by default): its fixed costs (its max,
+ * exponentials and sums) are paid once per query and tile, so longer tiles
+ * pay them less often. */
 
 /* KVT_VEC stored values -> KVT_VEC floats, in registers. fp16: the values of
  * f16_to_f32 (the spec), by the hardware where the compiler offers it: one
  * instruction with AVX-512 or F16C (x86 since 2012), Arm's native half type.
- * One at a time in software, the conversion cost more than the bytes fp16
- * saves (the fp16 cache was 2x slower than fp32). make test checks all 65,536
- * halves. int8: widened and converted, two instructions with AVX-512 or AVX2
- * (GCC 12 turns the plain loop and __builtin_convertvector into a dozen). */
+ * One at a time in software, the conversion costs more than the bytes fp16
+ * saves: such an fp16 cache is read slower than fp32. make test checks all
+ * 65,536 halves. int8: widened and converted, two instructions with AVX-512
+ * or AVX2 (GCC 12 turns the plain loop and __builtin_convertvector into a
+ * dozen). */
 static inline kvt_vec vec_load_f16(const uint16_t *p) {
     kvt_vec v;
 #if KVT_VEC == 16
@@ -115,8 +132,8 @@ static inline __attribute__((always_inline)) void kv_dot4_cpu(const void *data, 
 /* out[u * os] = scale * q[u] . (K row at element ki + u * ks) for the n
  * queries q[0..n-1]: four at a time where KVT_VEC divides HS (and G), the
  * rest with kv_row_dot_cpu. si: the int8 scale index of the row at ki (ki /
- * G, which the caller keeps up to date by additions: a 64-bit division per
- * key made int8 attention 1.05x slower, README); 0 for fp32 and fp16. */
+ * G, which the caller keeps up to date by additions: no 64-bit division per
+ * key); 0 for fp32 and fp16. */
 static void kv_dots_cpu(const kvt_kv *kv, size_t ki, size_t si, size_t ks, const float *const *q, int n,
                         float scale, float *out, int os) {
     int u = 0, HS = kv->HS, G = kv->G, dt = kv->dtype;
@@ -135,18 +152,16 @@ static void kv_dots_cpu(const kvt_kv *kv, size_t ki, size_t si, size_t ks, const
  * at element i (int8: its first scale si), before it is needed: the row's
  * cache lines and its int8 scales. A hint: the core does not wait for it,
  * and it never faults. always_inline, or the hint is lost: a prefetch
- * changes no memory, so GCC (12, -O3) found this function free of effects
- * and deleted its calls; the V rows were never asked for (README: the fp16
- * and int8 caches were 1.4x and 1.33x slower at T 4000 without it).
- * (Not for an fp32 decode row: its pass 2 reads V in memory order, §12.)
- * fp32 reads one byte of each line instead (a volatile load, which the
- * compiler must keep): its row is 48 lines in the 110M shape, asked for
- * while the K row's 48 are read, more than a core keeps in flight (about
- * 22 lines, measured on Zen 1: README), and a hint that finds no room may
- * be dropped where a load waits. With hints the sums of V that follow took
- * 0.70 ms at T 4000, with loads 0.33, run again from cache 0.22. fp16 and
- * int8 rows are 24 and 12 lines, and loads were slower for them than hints
- * (they hold up the conversions behind them). */
+ * changes no memory, so GCC (12, -O3) finds a function of prefetches free of
+ * effects and deletes its calls, and the V rows are never asked for.
+ * (Not for an fp32 decode row: its pass 2 reads V in memory order,
+ * tile_v_rows_cpu.) fp32 reads one byte of each line instead (a volatile
+ * load, which the compiler must keep): its row is 48 lines in the 110M
+ * shape, asked for while the K row's 48 are read, more than a core keeps in
+ * flight (a few dozen lines), and a hint that finds no room may be dropped,
+ * where a load waits for room; so the V rows are there when pass 2 sums
+ * them. fp16 and int8 rows are 24 and 12 lines, few enough for hints, which
+ * are better for them than loads (a load holds up the conversions behind it). */
 static inline __attribute__((always_inline)) void kv_prefetch_row(const kvt_kv *kv, size_t i, size_t si) {
     kvt_dtype dt = (kvt_dtype)kv->dtype;
     size_t KVD = (size_t)kv->NKV * kv->HS, bytes = kvt_dtype_size(dt, KVD);
@@ -184,11 +199,11 @@ static inline __attribute__((always_inline)) void kv_axpy_cols_kv_cpu(const kvt_
 /* acc (HS) += sum_j wgt[j] * V row j, for the n rows of a tile (row j at
  * element i + j * KVD; int8: its scales from si + j * KVD / G), KVT_AXPY
  * channels at a time where HS allows (else KVT_VEC): acc is read and written
- * once per tile. One vector at a time instead, walking the 32 rows (3 KiB
- * apart in the 110M shape) again for every 8 floats of each, took 1.15x as
- * long for fp32 in cache on the AMD machine (README). int8: the weight times
- * the row's scale of these channels, so a block must lie in one group
- * (KVT_AXPY divides G); otherwise row by row, by the spec. */
+ * once per tile, and the tile's rows (3 KiB apart in the 110M shape) are
+ * walked once per KVT_AXPY channels, not again for every vector. int8: the
+ * weight times the row's scale of these channels, so a block must lie in one
+ * group: KVT_AXPY channels where KVT_AXPY divides G, else KVT_VEC; where
+ * KVT_VEC does not divide HS (or G), row by row, by the spec. */
 #define KVT_AXPY 32 /* channels per block: 4 vectors with AVX2, 2 with AVX-512 */
 static inline void kv_rows_axpy_cpu(const kvt_kv *kv, float *acc, const float *wgt, size_t i, size_t si, int n) {
     int HS = kv->HS, int8 = kv->dtype == KVT_INT8, G = int8 ? kv->G : HS; /* fp32, fp16: one "group", unscaled */
@@ -235,4 +250,195 @@ static inline float exp_neg_cpu(float x) {
     float two_k;
     memcpy(&two_k, &bits, sizeof(two_k));
     return x < -87.0f ? 0.0f : p * two_k;
+}
+
+// ---- §12's fused attention on the CPU: the tiled loop -----------------------------
+/* The online softmax of §12, for a block of queries at a time. The keys are
+ * walked in tiles of up to KVT_ATTN_TILE positions (in runs of a fixed
+ * stride, one per chunk they touch), and each tile serves a block of
+ * queries: up to KVT_ATTN_QROWS consecutive rows of one sequence (a
+ * prefill) times the NH/NKV query heads that share a kv head. A K/V row is
+ * then read from memory (and decoded) once per block instead of once per
+ * query: FlashAttention's loop order.
+ *
+ *              keys: tile 0        tile 1        ...   (one piece of the split)
+ *   query r0, h   [s s s s ...] [s s s s ...]    per query: m, l, acc (HS)
+ *   query r0, h'  [s s s s ...] [s s s s ...]    live in part[], updated
+ *   query r1, h   [s s s ...  ] ...               once per tile
+ *
+ * (An fp32 decode row keeps its acc in an array of its own until the end,
+ * see tile_v_rows_cpu.) The causal mask is a count: row r sees the first
+ * row_pos[r] - t0 + 1 keys of the tile (all of them, except in the last tile
+ * of a prefill block). */
+#define KVT_ATTN_QROWS 16 /* rows of one sequence that share each tile */
+
+/* s[0] + ... + s[n-1] for a tile (s has room for KVT_ATTN_TILE values): zero
+ * the rest, add KVT_VEC at a time, then one horizontal sum. (An `omp simd
+ * reduction(+)` ends in 16 dependent scalar adds with GCC 12.) */
+static inline float tile_sum_cpu(float *s, int n) {
+    for (int j = n; j < KVT_ATTN_TILE; j++) s[j] = 0.0f;
+    kvt_vec v = vec_load(s);
+    for (int j = KVT_VEC; j < KVT_ATTN_TILE; j += KVT_VEC) v += vec_load(s + j);
+    return vec_sum(v);
+}
+KVT_STATIC_ASSERT(KVT_ATTN_TILE % KVT_VEC == 0, "the CPU attention tile is whole vectors");
+
+/* A tile: nt consecutive positions from t0, cut into runs where a chunk
+ * ends. Run i is keys at[i] .. at[i+1] - 1 of the tile; inside it, key j + 1's
+ * row is KVD elements after key j's, and its first K row (head 0) is at
+ * element kr[i]. int8: that row's first scale is sr[i]. Returns the runs. */
+static int tile_runs_cpu(const kvt_kv *kv, int l, int tab, int t0, int nt, int *at, size_t *kr, size_t *sr) {
+    int nrun = 0;
+    for (at[0] = 0; at[nrun] < nt; nrun++) {
+        int t = t0 + at[nrun], chunk_end = at[nrun] + kv->CH - t % kv->CH;
+        kr[nrun] = kv_index(kv, l, 0, tab, t, 0);
+        sr[nrun] = kv->scales ? kr[nrun] / (size_t)kv->G : 0;
+        at[nrun + 1] = chunk_end < nt ? chunk_end : nt;
+    }
+    return nrun;
+}
+/* The online softmax's step for one query and one tile: its nk scores s
+ * become weights exp(s - m) against the running max m = pp[0], and the
+ * running sum pp[1] grows by theirs; when the tile raised the max, what was
+ * summed so far (pp[1] and acc, HS values) is rescaled first. */
+static inline void tile_softmax_cpu(float *pp, float *acc, float *s, int nk, int HS) {
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j < nk; j++) mx = s[j] > mx ? s[j] : mx;
+    if (mx > pp[0]) { /* a new max: rescale what we have (once per tile at most) */
+        float corr = expf(pp[0] - mx);
+        pp[1] *= corr;
+        for (int c = 0; c < HS; c++) acc[c] *= corr;
+        pp[0] = mx;
+    }
+    float m = pp[0];
+#pragma omp simd /* a vector of weights per instruction */
+    for (int j = 0; j < nk; j++) s[j] = exp_neg_cpu(s[j] - m);
+    pp[1] += tile_sum_cpu(s, nk);
+}
+/* Pass 2 for an fp32 decode row (one query per head): acc (NH, HS) +=
+ * w[h][j] * V row j of head h's kv head, for the tile's first nk keys, in
+ * the order V lies in memory: key by key, and inside a key its kv heads'
+ * rows side by side, so each run is read front to back like K in pass 1 and
+ * the hardware prefetcher keeps ahead. Per kv head instead (the loop of
+ * attention_piece_cpu for other rows), a tile's V rows lie KVD elements
+ * apart: they must be asked for during pass 1 (kv_prefetch_row), and for
+ * fp32 rows the sums still wait for them. acc is the work item's own, (NH,
+ * HS) in one piece: in part[] each head's sums lie among other pieces'
+ * values, and writing them there key by key is several times slower, even
+ * in cache. */
+static void tile_v_rows_cpu(float *acc, float (*w)[KVT_ATTN_TILE], const kvt_kv *kv, int NH, int nk, int nrun,
+                            const int *at, const size_t *kr, size_t voff) {
+    int HS = kv->HS, group = NH / kv->NKV;
+    size_t KVD = (size_t)kv->NKV * HS;
+    for (int i = 0; i < nrun && at[i] < nk; i++) {
+        const float *v = (const float *)kv->data + kr[i] + voff; /* key at[i]'s V row of kv head 0 */
+        for (int j = at[i]; j < (at[i + 1] < nk ? at[i + 1] : nk); j++, v += KVD)
+            for (int h = 0; h < NH; h++) {
+                const float *vh = v + (size_t)(h / group) * HS;
+                float wj = w[h][j], *a = acc + (size_t)h * HS;
+#pragma omp simd
+                for (int c = 0; c < HS; c++) a[c] += wj * vh[c];
+            }
+    }
+}
+/* One work item: the queries of rows [r0, r1) (one sequence), all heads, over
+ * the positions of piece sp. A tile is read in two passes:
+ *  1. the scores of every query (row, head), position by position: a
+ *     position's K rows for all kv heads lie side by side in its chunk, so
+ *     this pass reads K in the order it lies in memory, which the hardware
+ *     prefetcher follows; meanwhile it asks for the position's V rows
+ *     (except an fp32 decode row, see 2). Four dot products at a time
+ *     (kv_dots_cpu): four queries of one K row, or in decode (one query per
+ *     kv head) four kv heads side by side;
+ *  2. each query's softmax update (tile_softmax_cpu), then the weighted sum
+ *     of V: per kv head for all the block's queries, the V rows read from
+ *     cache by now; an fp32 decode row instead reads V key by key, in memory
+ *     order (tile_v_rows_cpu).
+ * Reading K one kv head at a time instead (32 rows of HS values, KVD apart)
+ * does not stream memory in order, and then the bytes fp16 and int8 save buy
+ * no time: their caches are read no faster than fp32's. */
+static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, int l, int NH, int r0, int r1,
+                                int sp, int split_len, int nsplit) {
+    int HS = kv->HS, group = NH / kv->NKV, tab = kv->row_tab[r0], t_begin = sp * split_len, p_max = 0;
+    float scale = 1.0f / sqrtf((float)HS);
+    size_t KVD = (size_t)kv->NKV * HS;
+    for (int r = r0; r < r1; r++) {
+        p_max = kv->row_pos[r] > p_max ? kv->row_pos[r] : p_max;
+        for (int h = 0; h < NH; h++) {
+            float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
+            pp[0] = -INFINITY; /* m: no score seen yet */
+            pp[1] = 0.0f;      /* l */
+            for (int c = 0; c < HS; c++) pp[2 + c] = 0.0f;
+        }
+    }
+    int t_end = p_max + 1 < t_begin + split_len ? p_max + 1 : t_begin + split_len;
+    /* The block's queries, kv head by kv head: query u = (kv head kh, row r,
+     * head h of kh's group); the n = rows x group of them from u = kh * n on
+     * read kv head kh's K rows. qs[u] is its q, scores[u] its tile of scores. */
+    int nq = (r1 - r0) * NH, n = (r1 - r0) * group;
+    const float **qs = (const float **)kvt_malloc((size_t)nq * sizeof(float *));
+    float (*scores)[KVT_ATTN_TILE] = (float (*)[KVT_ATTN_TILE])kvt_malloc((size_t)nq * sizeof(*scores));
+    for (int kh = 0, u = 0; kh < kv->NKV; kh++)
+        for (int r = r0; r < r1; r++)
+            for (int h = kh * group; h < (kh + 1) * group; h++) qs[u++] = q + ((size_t)r * NH + h) * HS;
+    /* A tile's runs (tile_runs_cpu). V rows follow the chunk's K rows, voff
+     * further; int8: a row's scales rsc apart, V's vsoff after K's (no
+     * division per key, see kv_dots_cpu). */
+    int at[KVT_ATTN_TILE + 1], nrun;
+    size_t kr[KVT_ATTN_TILE], sr[KVT_ATTN_TILE], voff = (size_t)kv->CH * KVD;
+    size_t rsc = (size_t)kv->NKV * kv->HG, vsoff = (size_t)kv->CH * rsc;
+    /* an fp32 decode row sums V in memory order, into acc (NH, HS), copied to part[] at the end */
+    int vrows = r1 - r0 == 1 && kv->dtype == KVT_FP32;
+    float *acc = vrows ? (float *)kvt_malloc((size_t)NH * HS * sizeof(float)) : NULL;
+    for (int c = 0; vrows && c < NH * HS; c++) acc[c] = 0.0f;
+    for (int t0 = t_begin, nt; t0 < t_end; t0 += nt) {
+        nt = t_end - t0 < KVT_ATTN_TILE ? t_end - t0 : KVT_ATTN_TILE;
+        nrun = tile_runs_cpu(kv, l, tab, t0, nt, at, kr, sr);
+        /* pass 1: key j's scores, already scaled, for every query of the
+         * block (also a row's future keys in its last tile, cached by this
+         * forward and skipped by pass 2: simpler than a mask here) */
+        for (int i = 0; i < nrun; i++)
+            for (int j = at[i]; j < at[i + 1]; j++) {
+                size_t ki = kr[i] + (size_t)(j - at[i]) * KVD; /* key j's K row of kv head 0 */
+                size_t si = sr[i] + (size_t)(j - at[i]) * rsc; /* and its first int8 scale */
+                if (!vrows) kv_prefetch_row(kv, ki + voff, si + vsoff);
+                if (n == 1) /* one query per kv head: the kv heads' rows side by side, four at a time */
+                    kv_dots_cpu(kv, ki, si, HS, qs, kv->NKV, scale, &scores[0][j], KVT_ATTN_TILE);
+                else /* each kv head's row for its n queries */
+                    for (int kh = 0; kh < kv->NKV; kh++)
+                        kv_dots_cpu(kv, ki + (size_t)kh * HS, si + (size_t)kh * kv->HG, 0, qs + kh * n, n, scale,
+                                    &scores[kh * n][j], KVT_ATTN_TILE);
+            }
+        /* pass 2: the softmax updates and sums of V */
+        if (vrows) { /* one row: query u is head u (qs above); its position p_max is at or past the
+                      * piece's last key t_end - 1, so it sees every key of the tile */
+            for (int h = 0; h < NH; h++)
+                tile_softmax_cpu(part + (((size_t)r0 * NH + h) * nsplit + sp) * (2 + HS), acc + (size_t)h * HS,
+                                 scores[h], nt, HS);
+            tile_v_rows_cpu(acc, scores, kv, NH, nt, nrun, at, kr, voff);
+            continue;
+        }
+        for (int kh = 0, u = 0; kh < kv->NKV; kh++) {
+            size_t off = (size_t)kh * HS; /* kv head kh's rows */
+            for (int r = r0; r < r1; r++) {
+                int nk = kv->row_pos[r] - t0 + 1; /* the causal mask: row r sees keys t0 .. row_pos[r] */
+                nk = nk < nt ? nk : nt;
+                for (int h = kh * group; h < (kh + 1) * group; h++) {
+                    float *s = scores[u++];
+                    if (nk <= 0) continue; /* all of this tile is in the row's future */
+                    float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
+                    tile_softmax_cpu(pp, pp + 2, s, nk, HS);
+                    for (int i = 0; i < nrun && at[i] < nk; i++)
+                        kv_rows_axpy_cpu(kv, pp + 2, s + at[i], kr[i] + voff + off, sr[i] + vsoff + (size_t)kh * kv->HG,
+                                         (at[i + 1] < nk ? at[i + 1] : nk) - at[i]);
+                }
+            }
+        }
+    }
+    for (int h = 0; vrows && h < NH; h++)
+        memcpy(part + (((size_t)r0 * NH + h) * nsplit + sp) * (2 + HS) + 2, acc + (size_t)h * HS, HS * sizeof(float));
+    free(acc);
+    free(qs);
+    free(scores);
 }

@@ -4,8 +4,8 @@
  * once for all rows of x (one weight row at a time up to KVT_ROW_X rows of x,
  * tiles of 4 weight rows from there), and the cores share the rows of w.
  * They live beside the teaching file because they are tuned for CPUs (vector
- * width, registers, prefetch hints, each measured on a development machine:
- * README.md), while the op itself, its cost and its GPU kernels are in §9;
+ * width, registers, prefetch hints: choices that depend on the CPU), while
+ * the op itself, its cost and its GPU kernels are in §9;
  * make test checks them against a float64 matmul. The vector type kvt_vec
  * defined here is used by the attention loops too (cpu/attention.c). */
 
@@ -14,10 +14,9 @@
  * type to vector multiply-adds. It is used where running sums must stay in
  * registers, the matmul tile here and attention's inner loops
  * (cpu/attention.c, §12): written with float arrays, the compiler keeps them
- * in memory (measured on the tile: 36 GFLOP/s with arrays, 105 with this
- * type). One register, not more: AVX2 has 16 registers, and a 16-float type
- * takes two of them, so the 4 x 4 running sums of the tile below would spill
- * to memory. */
+ * in memory, and the tile runs at about a third of its speed. One register,
+ * not more: AVX2 has 16 registers, and a 16-float type takes two of them, so
+ * the 4 x 4 running sums of the tile below would spill to memory. */
 #if defined(__AVX512F__)
 #define KVT_VEC 16
 #else
@@ -94,11 +93,11 @@ static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, co
         for (int j = 0; j < 4; j++) {
             wv[j] = vec_load(wr[j] + c);
             /* Ask now for the same columns of the next tile's rows (4 rows on):
-             * the hardware prefetcher stops at every 4 KiB page, this does not
-             * (measured +10% on a 32000 x 768 decode matmul). A prefetch past
-             * the end of w is harmless: it never faults. Only the first tile
-             * of x asks (pf): the others read the same weight rows, so their
-             * prefetches were repeats (dropping them: 4 rows 1.1x faster). */
+             * the hardware prefetcher stops at every 4 KiB page, this does not.
+             * A prefetch past the end of w is harmless: it never faults. Only
+             * the first tile of x asks (pf): the others read the same weight
+             * rows, so their prefetches would be repeats, which cost
+             * instructions and find nothing new to fetch. */
             if (pf) __builtin_prefetch(wr[j] + c + 4 * (size_t)k);
         }
         for (int i = 0; i < NX; i++) {
@@ -120,30 +119,24 @@ static inline __attribute__((always_inline)) void matmul_tile_cpu(float *out, co
  * stream per core. The tile above reads 4 weight rows side by side (4
  * streams, plus its hints) to load each vector of x once for 4 weight rows,
  * which pays once there are enough rows of x for the arithmetic to be the
- * limit. Measured on the 2-core AMD EPYC (README, "One weight row at a
- * time"): one row of x, `--bench decode`, 0.88 -> 0.90 of the paired read
- * pass on the 110M shape and 0.66 -> 0.82 on the 15M shape (its 288-float
- * rows); 8 rows of x and more, the tile is faster.
+ * limit. So the row loop serves up to KVT_ROW_X rows of x, the tile more;
+ * short weight rows (the 15M shape's 288 floats) gain the most from it.
  * hint: ask for the stream KVT_ROW_AHEAD floats (2 KB) ahead, one line per
  * step (with AVX2 every line, with AVX-512 every other), on into the next
- * rows (past the end of w a hint never faults). The
- * same hint helped on one machine and hurt on another, so row_hint_cpu
- * below says where it is used, from what was measured. */
+ * rows (past the end of w a hint never faults). The same hint helps on some
+ * CPUs and hurts on others, so row_hint_cpu below says where it is used. */
 #define KVT_ROW_X 4
 #define KVT_ROW_AHEAD 512
-/* Whether the row loop asks ahead for NX rows of x, by what was measured on
- * the development machines (README, "The row loop's hint, by machine"):
- *  - Intel Xeon (AVX-512, 2 MB L2 per core): always. `--bench decode`, 110M
- *    shape, 0.85 -> 0.96 of the paired read pass; batch 2 and 4 (15M shape)
- *    about 1.1x and 1.15x faster. (Likely the tile's reason above: the
- *    hardware prefetcher stops at every 4 KiB page, a hint does not.)
- *  - AMD EPYC with AVX2 (Zen 1-3): 2 to 4 rows of x (batch 4, 15M shape,
- *    1.15-1.27x faster), not one (decode 0.81 -> 0.75 of the paired pass);
- *  - AMD Zen 4 (AVX-512): never (batch 2, 15M shape: 676-791 tokens/s with
- *    it, 931-987 without).
+/* Whether the row loop asks ahead for NX rows of x, by CPU:
+ *  - Intel: always, for decode and batches. (The tile's reason above,
+ *    likely: the hardware prefetcher stops at every 4 KiB page, a hint
+ *    does not.)
+ *  - AMD with 8-float vectors (AVX2, Zen 1-3): for 2 to 4 rows of x, where
+ *    it pays; not for one row (decode), where it costs;
+ *  - AMD with 16-float vectors (Zen 4, AVX-512): never, it costs.
  * Other CPUs take the AMD rule for their vector width (8 floats: 2 to 4
- * rows; 16: never), not measured. -DKVT_ROW_HINT=0 or 1 fixes it, to
- * measure it again. */
+ * rows; 16: never), untried on them. -DKVT_ROW_HINT=0 or 1 fixes it, to
+ * try it again. */
 static int row_hint_cpu(int NX) {
 #if defined(KVT_ROW_HINT)
     (void)NX;
@@ -179,8 +172,7 @@ static inline __attribute__((always_inline)) void matmul_row_cpu(float *out, con
  * from memory once), all rows of x, KVT_TILE_X at a time. KVT_TILE_X x 4
  * running sums must fit in the registers: 16 of AVX-512's 32, but with AVX2's
  * 16 registers 4 x 4 spill to memory, and 3 x 4 leave room for the 4 weight
- * vectors (measured on a 2-core AMD EPYC, 16 rows of the 110M shape's w1: 40
- * GFLOP/s with 4 rows of x per tile, 49 with 3). A switch gives each copy of
+ * vectors. A switch gives each copy of
  * the loops a constant row count, which the compiler unrolls. hint: the row
  * loop's (row_hint_cpu), the same for every row. */
 #define KVT_TILE_X (KVT_VEC == 16 ? 4 : 3)
@@ -219,15 +211,13 @@ static void matmul_rows_part_cpu(float *out, const float *x, const float *w, int
  * its part's counter (a core that gets a number past the part's end knows the
  * part is done), so each chunk runs once.
  *
- * Why not `omp for schedule(static)`, an equal part each and no more: on the
- * 2-core VM one core then waited for the other at the end of every matmul,
- * 23% to 27% of the call's time for decode on the 110M shape's smaller
- * weights (the two cores' speed varies from call to call; neither is always
- * the slower); decode gave 0.85 of a paired read pass, 0.90 with this
- * (medians of 5; chunks of 48 or 192 KB were no better). Nor
+ * Why not `omp for schedule(static)`, an equal part each and no more: the
+ * cores' speed varies from call to call (on a shared machine, neither is
+ * always the slower), so one core would wait for the other at the end of
+ * every matmul, a large share of a decode call's time. Nor
  * schedule(dynamic): it deals the chunks out in turn, so each core's stream
  * of rows breaks at every chunk (and its prefetch of the next rows asks for
- * the other core's); measured slower than static. */
+ * the other core's), which is slower than static. */
 #define KVT_CHUNK_BYTES 98304
 #define KVT_CPU_THREADS 64 /* most cores that share a matmul's chunks (one counter each) */
 static void matmul_rows_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
