@@ -23,9 +23,12 @@
 #   - "..." inside a line matches any text (an address, a line number);
 #   - a number with a decimal point matches a printed number that rounds to
 #     it (the page shows 9.942 where gdb prints 9.9421854);
-#   - a prose claim (a code span of the page's text, e.g. `{0, 1, 2}` or
-#     `len = 0`) must appear, by the same rules, inside some output line of
-#     the session.
+#   - a claim in the prose (a code span of the session's text that shows a
+#     value) names the value it quotes: `$8 = {0, 1, 2}` must match what gdb
+#     printed as $8 in this session (so it cannot pass by matching another
+#     moment's value), and a line of the pool map (`seq 0 [ 0* 2c (2/4) ] len
+#     6`, `pool [...`, `totals: ...`) must be one of the session's lines. A
+#     value quoted without its $N fails, with a note saying so.
 import os
 import re
 
@@ -129,9 +132,23 @@ def check_session():
         with open(prose) as f:
             for claim in f.read().splitlines():
                 checked += 1
-                if not any(matches(claim, line, False) for line in out):
+                hist = re.match(r"\$(\d+) = ", claim)
+                if hist:  # the value gdb printed as $N: from "$N = " to the end of its line
+                    said = [line[m.start(1):] for line in out
+                            for m in [re.search(r"(?:^|\s)(\$%s = .*)$" % hist.group(1), line)] if m]
+                    if not any(matches(claim, value, True) for value in said):
+                        wrong += 1
+                        print("[walkthrough] WRONG: the text says `%s`; gdb printed %s" %
+                              (claim, ", ".join("`%s`" % v for v in said) or "no $%s" % hist.group(1)))
+                elif re.match(r"(seq \d+ \[|pool \[|totals: )", claim):
+                    if not any(matches(claim, line, True) for line in out):
+                        wrong += 1
+                        print("[walkthrough] WRONG: the text quotes the pool line `%s`, which gdb printed nowhere "
+                              "in this session" % claim)
+                else:
                     wrong += 1
-                    print("[walkthrough] WRONG: the text claims `%s`, which gdb printed nowhere in this session" % claim)
+                    print("[walkthrough] WRONG: the text quotes the value `%s` without saying which one: write it "
+                          "as gdb prints it, `$N = ...`" % claim)
     print("[walkthrough] claims: %d checked, %d wrong" % (checked, wrong))
 
 

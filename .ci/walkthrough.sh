@@ -6,7 +6,9 @@
 # command the output the page claims for it. Its `## ` section (one session
 # per section) is its prose: a code span there that shows a value (one with
 # " = " or "{" in it, or a line of the pool map: `seq N [ ...`, `pool [...`,
-# `totals: ...`) is a claim about the session's output too.
+# `totals: ...`) is a claim about the session's output too, and must name the
+# value it quotes as gdb does (`$8 = {0, 1, 2}`), so that it is compared with
+# that value and not with whatever else the session printed.
 # .ci/gdb_session.py runs the commands (run mode) and then compares every
 # claim with gdb's output (check mode; the matching rules are written there).
 # Fails if gdb reports an error in any command, if any claim is wrong, or if
@@ -20,20 +22,24 @@ trap 'rm -rf "$tmp"' EXIT
 # split the page: session n's arguments in n.args, its transcript in n.txt,
 # the claims of its section's prose in n.prose
 awk -v dir="$tmp" '
-  function spans(line,   s) { # the code spans of a line of prose that show a value
-    while (match(line, /`[^`]+`/)) {
-      s = substr(line, RSTART + 1, RLENGTH - 2); line = substr(line, RSTART + RLENGTH)
+  function spans(   s) { # the code spans of a paragraph of prose that show a value
+    while (match(para, /`[^`]+`/)) {
+      s = substr(para, RSTART + 1, RLENGTH - 2); para = substr(para, RSTART + RLENGTH)
       if (s ~ / = |\{|^seq [0-9]+ \[|^pool \[|^totals: /) print s > (dir "/sec" sec ".prose")
     }
+    para = ""
   }
-  /^## / { sec++; next }
-  /^<!-- gdb-session: / { n++; a = $0; sub(/^<!-- gdb-session: /, "", a); sub(/ -->$/, "", a)
+  /^## / { spans(); sec++; next }
+  /^<!-- gdb-session: / { spans(); n++; a = $0; sub(/^<!-- gdb-session: /, "", a); sub(/ -->$/, "", a)
                           print a > (dir "/" n ".args"); print n, sec > (dir "/map"); armed = 1; next }
   armed && /^```gdb$/ { armed = 0; inblock = 1; printf "" > (dir "/" n ".txt"); next }
   inblock && /^```$/ { inblock = 0; next }
   inblock { print > (dir "/" n ".txt"); next }
-  /^```/ { fence = !fence; next }
-  !fence { spans($0) }
+  /^```/ { spans(); fence = !fence; next }
+  fence { next }
+  /^[ \t]*$/ || /^[-*] / || /^[0-9]+\. / { spans() } # a paragraph or list item ends
+  { line = $0; sub(/^[ \t]+/, "", line); para = para (para == "" ? "" : " ") line }
+  END { spans() }
 ' "$doc"
 n=$(ls "$tmp"/*.args 2>/dev/null | wc -l)
 [ "$n" -gt 0 ] || { echo "walkthrough: no gdb sessions found in $doc"; exit 1; }
