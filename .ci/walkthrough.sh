@@ -1,37 +1,66 @@
 #!/usr/bin/env bash
-# Runs the gdb sessions of README.md ("Stepping through it in gdb") exactly as
-# written, in gdb's batch mode, against the -O0 -g build (make debug: ./kvt-debug). Each
-# session is a "<!-- gdb-session: ARGS -->" line followed by a ```gdb block; its
-# commands run one by one through .ci/gdb_session.py (which says why). Fails if
-# gdb reports an error in any command, if a `call kvt_pool_print` prints no
-# pool totals, or if the cache on / cache off sessions print different logits.
+# Runs the gdb sessions of docs/GDB.md exactly as written, in gdb's batch mode,
+# against the -O0 -g build (make debug: ./kvt-debug), and checks what the page
+# says gdb prints. Each session is a "<!-- gdb-session: ARGS -->" line followed
+# by a ```gdb block, a transcript: "(gdb) COMMAND" lines, and under each
+# command the output the page claims for it. Its `## ` section (one session
+# per section) is its prose: a code span there that shows a value (one with
+# " = " or "{" in it, or a line of the pool map: `seq N [ ...`, `pool [...`,
+# `totals: ...`) is a claim about the session's output too, and must name the
+# value it quotes as gdb does (`$8 = {0, 1, 2}`), so that it is compared with
+# that value and not with whatever else the session printed.
+# .ci/gdb_session.py runs the commands (run mode) and then compares every
+# claim with gdb's output (check mode; the matching rules are written there).
+# Fails if gdb reports an error in any command, if any claim is wrong, or if
+# the cache on / cache off sessions (1 and 2) print different logits.
+#   bash .ci/walkthrough.sh [FILE]    (default docs/GDB.md)
 set -u
 cd "$(dirname "$0")/.."
+doc=${1:-docs/GDB.md}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-n=0 insess=0 inblock=0
-while IFS= read -r line; do
-  case "$line" in
-    "<!-- gdb-session: "*)
-      n=$((n + 1)); a=${line#<!-- gdb-session: }; echo "${a% -->}" > "$tmp/$n.args"
-      printf 'set pagination off\nset confirm off\n' > "$tmp/$n.gdb"; insess=1 ;;
-    '```gdb') if [ $insess = 1 ]; then inblock=1; fi ;;
-    '```') if [ $inblock = 1 ]; then inblock=0; insess=0; fi ;;
-    *) if [ $inblock = 1 ]; then echo "$line" >> "$tmp/$n.gdb"; fi ;;
-  esac
-done < README.md
-[ $n -gt 0 ] || { echo "walkthrough: no gdb sessions found in README.md"; exit 1; }
+# split the page: session n's arguments in n.args, its transcript in n.txt,
+# the claims of its section's prose in n.prose
+awk -v dir="$tmp" '
+  function spans(   s) { # the code spans of a paragraph of prose that show a value
+    while (match(para, /`[^`]+`/)) {
+      s = substr(para, RSTART + 1, RLENGTH - 2); para = substr(para, RSTART + RLENGTH)
+      if (s ~ / = |\{|^seq [0-9]+ \[|^pool \[|^totals: /) print s > (dir "/sec" sec ".prose")
+    }
+    para = ""
+  }
+  /^## / { spans(); sec++; next }
+  /^<!-- gdb-session: / { spans(); n++; a = $0; sub(/^<!-- gdb-session: /, "", a); sub(/ -->$/, "", a)
+                          print a > (dir "/" n ".args"); print n, sec > (dir "/map"); armed = 1; next }
+  armed && /^```gdb$/ { armed = 0; inblock = 1; printf "" > (dir "/" n ".txt"); next }
+  inblock && /^```$/ { inblock = 0; next }
+  inblock { print > (dir "/" n ".txt"); next }
+  /^```/ { spans(); fence = !fence; next }
+  fence { next }
+  /^[ \t]*$/ || /^[-*] / || /^[0-9]+\. / { spans() } # a paragraph or list item ends
+  { line = $0; sub(/^[ \t]+/, "", line); para = para (para == "" ? "" : " ") line }
+  END { spans() }
+' "$doc"
+n=$(ls "$tmp"/*.args 2>/dev/null | wc -l)
+[ "$n" -gt 0 ] || { echo "walkthrough: no gdb sessions found in $doc"; exit 1; }
 fail=0
-for i in $(seq 1 $n); do
-  # shellcheck disable=SC2046
-  KVT_GDB_CMDS="$tmp/$i.gdb" OMP_WAIT_POLICY=passive timeout 120 gdb -q -batch -x .ci/gdb_session.py \
-    --args ./kvt-debug $(cat "$tmp/$i.args") > "$tmp/$i.out" 2>&1
-  calls=$(grep -c '^call kvt_pool_print' "$tmp/$i.gdb") maps=$(grep -c '^totals: ' "$tmp/$i.out")
-  if grep -q "Error in sourced command file" "$tmp/$i.out" || ! grep -q '^\$1 = ' "$tmp/$i.out" ||
-     [ "$maps" != "$calls" ]; then
-    echo "FAIL walkthrough session $i (./kvt-debug $(cat "$tmp/$i.args")):"; grep -v "New Thread\|exited\]" "$tmp/$i.out" | tail -15; fail=1
+for i in $(seq 1 "$n"); do
+  sec=$(awk -v i="$i" '$1 == i { print $2 }' "$tmp/map")
+  [ -f "$tmp/sec$sec.prose" ] && cp "$tmp/sec$sec.prose" "$tmp/$i.prose"
+  args=$(cat "$tmp/$i.args")
+  # shellcheck disable=SC2086
+  KVT_GDB_TRANSCRIPT="$tmp/$i.txt" OMP_WAIT_POLICY=passive timeout 120 gdb -q -nx -batch -x .ci/gdb_session.py \
+    --args ./kvt-debug $args > "$tmp/$i.out" 2>&1
+  KVT_GDB_CHECK=1 KVT_GDB_TRANSCRIPT="$tmp/$i.txt" KVT_GDB_OUT="$tmp/$i.out" KVT_GDB_PROSE="$tmp/$i.prose" \
+    gdb -q -nx -batch -x .ci/gdb_session.py > "$tmp/$i.check" 2>&1
+  verdict=$(grep '^\[walkthrough\] claims: ' "$tmp/$i.check")
+  if grep -q "Error in sourced command file" "$tmp/$i.out" || ! grep -q '^\[walkthrough\] claims: [0-9]* checked, 0 wrong$' "$tmp/$i.check"; then
+    echo "FAIL walkthrough session $i (./kvt-debug $args): ${verdict#\[walkthrough\] }"
+    grep -A3 "Error in sourced command file" "$tmp/$i.out"
+    grep -v '^\[walkthrough\] claims: ' "$tmp/$i.check" | head -60
+    fail=1
   else
-    echo "PASS walkthrough session $i: $(grep -c '^\$[0-9]* = ' "$tmp/$i.out") values printed (./kvt-debug $(cat "$tmp/$i.args"))"
+    echo "PASS walkthrough session $i: ${verdict#\[walkthrough\] } (./kvt-debug $args)"
   fi
 done
 # sessions 1 and 2 end by printing the logits of the same step with and without the cache
