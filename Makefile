@@ -5,11 +5,11 @@
 #   make test-asan  the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-valgrind   memcheck on a short generation
 #   make bench      speed figures of this machine (tables; CSV and plots in bench/out/)
-#   make bench-save copy them over the reference figures in bench/ (tracked, used by README.md)
-#   make bench-targets  the CPU speed table of README.md (medians of 3 runs, 20-30 min)
+#   make bench-save copy them over the reference figures in bench/ (tracked, used by docs/RESULTS.md)
+#   make bench-targets  the CPU speed table of docs/RESULTS.md (medians of 3 runs, 20-30 min)
 #   make ppl CORPUS=file   perplexity of the default model per cache type
 #   make debug      -O0 -g build (-G for device code) for gdb / cuda-gdb
-#   make walkthrough  run the README's gdb sessions in batch mode and its --trace captures (checks them)
+#   make walkthrough  run docs/GDB.md's gdb sessions in batch mode and the --trace captures of README.md and docs/USAGE.md (checks them)
 #   make fuzz       libFuzzer on the checkpoint loader, tokenizer loader, prompt encoder, command line
 #   make exercise N=k   check exercise k (README, Exercises); make exercises-selftest
 #   make nvcc-check compile the CUDA build for sm_80 and sm_90 (no GPU needed)
@@ -33,7 +33,7 @@ ifeq ($(origin BUILD), undefined)
 endif
 
 # OpenBLAS: pkg-config when it knows it, else Debian's paths. BLAS_DIR=<dir>:
-# an unpacked Debian tree instead (a machine without apt; README, "On a GPU
+# an unpacked Debian tree instead (a machine without apt; docs/GPU.md, "On a GPU
 # machine"), found again at run time through the rpath (-Xlinker: the same
 # spelling for gcc and nvcc). --disable-new-dtags makes it an RPATH, which also
 # serves libopenblas's own libgfortran.
@@ -97,7 +97,7 @@ endif
 # sleep (measured on 2 cores: make test 1m54 passive, 2m56 default). The CPU
 # path runs one thread per core, where waking a sleeping thread costs more
 # than a short spin: the timed targets keep OpenMP's default (decode of the
-# 110M shape ~5% faster, the 15M shape's batch bench ~15%; README). A policy
+# 110M shape ~5% faster, the 15M shape's batch bench ~15%; docs/TUNING.md). A policy
 # set in the environment wins over both.
 SUITES = test test-gpu-sizes test-asan test-valgrind nvcc-test gpu-check-dry walkthrough exercise \
   exercises-selftest fuzz
@@ -112,7 +112,7 @@ deps:
 ifneq ($(HAVE_BLAS),yes)
 	@if [ -n "$(BLAS_DIR)" ]; then \
 	  echo "[make] BLAS_DIR=$(BLAS_DIR) holds no usable OpenBLAS (cblas.h in usr/include/x86_64-linux-gnu/openblas-pthread,"; \
-	  echo "       libopenblas.so in usr/lib/x86_64-linux-gnu/openblas-pthread): see README, On a GPU machine"; \
+	  echo "       libopenblas.so in usr/lib/x86_64-linux-gnu/openblas-pthread): see docs/GPU.md"; \
 	  exit 1; \
 	elif [ "$$(id -u)" = 0 ]; then \
 	  echo "[make] installing OpenBLAS: apt-get install -y libopenblas-dev"; \
@@ -170,7 +170,7 @@ test-valgrind: deps
 	$(VALGRIND) ./kvt-valgrind --bogus; test $$? = 1
 	@echo "[make] valgrind: no errors, no definitely lost bytes"
 
-# The measurements in README.md, on this machine (bench/run.sh: the commands,
+# The measurements of docs/RESULTS.md, on this machine (bench/run.sh: the commands,
 # the model shapes): CSV tables and two PNG plots in bench/out/, the plotted
 # measurements RUNS times (medians, min-max). gnuplot is installed like OpenBLAS.
 BENCH_OUT ?= bench/out
@@ -180,15 +180,15 @@ bench: deps kvt gnuplot
 	OUT=$(BENCH_OUT) RUNS=$(RUNS) bash bench/run.sh
 
 # make bench writes this run's tables, CSV and plots to $(BENCH_OUT) (ignored by
-# git), so a student's checkout stays clean. README's figures come from the
+# git), so a student's checkout stays clean. docs/RESULTS.md's figures come from the
 # tracked copies in bench/, which only this deliberate command replaces:
 bench-save:
 	@ls $(BENCH_OUT)/*.csv >/dev/null 2>&1 || { echo "[make] nothing in $(BENCH_OUT): run make bench first"; exit 1; }
 	cp $(BENCH_OUT)/*.csv $(BENCH_OUT)/*.txt bench/
 	-cp $(BENCH_OUT)/*.png bench/ 2>/dev/null
-	@echo "[make] bench/ now holds this machine's figures: update README.md's results to match"
+	@echo "[make] bench/ now holds this machine's figures: update docs/RESULTS.md to match"
 
-# README's table of the CPU speed targets: each measurement 3 times, medians.
+# docs/RESULTS.md's table of the CPU speed targets: each measurement 3 times, medians.
 bench-targets: deps kvt
 	bash bench/targets.sh
 
@@ -256,7 +256,7 @@ exercise: deps
 exercises-selftest:
 	bash exercises/selftest.sh
 
-# the README's gdb sessions (.ci/walkthrough.sh) and its captured --trace output (.ci/see-it.sh)
+# docs/GDB.md's gdb sessions (.ci/walkthrough.sh) and the captured --trace output (.ci/see-it.sh)
 walkthrough: debug kvt
 	bash .ci/walkthrough.sh
 	bash .ci/see-it.sh

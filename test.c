@@ -2091,7 +2091,7 @@ static void test_hf_export(void) {
     float *want = (float *)read_all("weights/hf-tiny/logits.f32", &lb);
     KVT_ASSERT(np > 0 && ng > np && ns > 0 && V > 258 && sample_text && want &&
                lb == (size_t)(ng - 1) * V * 4);
-    char dir[128], cmd[1024], args[2048], ids[512], out[4096];
+    char dir[64], cmd[1024], args[2048], ids[512], out[4096]; /* test_dir + "/hf": under 64 */
     snprintf(dir, sizeof(dir), "%s", tmp_file("hf"));
     snprintf(cmd, sizeof(cmd), "mkdir -p %s && python3 weights/export_hf.py weights/hf-tiny %s/model.bin "
              "%s/tokenizer.bin > %s/export.log 2>&1", dir, dir, dir, dir);

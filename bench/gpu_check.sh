@@ -14,7 +14,7 @@
 # DRY=1 (make gpu-check-dry, in CI): the same steps with the C build, tiny
 # shapes and the emulation, sanitizers and (unless DRY_TESTS=1) the suite
 # skipped, so the script cannot rot on machines without a GPU. Run it through make, which passes BLAS_DIR on and
-# sets OPENBLAS_CORETYPE where the CPU needs it (README, "On a GPU machine").
+# sets OPENBLAS_CORETYPE where the CPU needs it (docs/GPU.md, "On a GPU machine").
 set -u
 cd "$(dirname "$0")/.."
 DRY=${DRY:-0}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make bench: every measurement of README.md's "Measured results", written to
+# make bench: every measurement of docs/RESULTS.md, written to
 # $OUT (default bench/out, ignored by git: a run never changes tracked files;
 # `make bench-save` copies a run into bench/ deliberately). The two plotted
 # measurements (cache on/off by position, decode speed by context) run RUNS

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU speed table of README.md ("CPU speed against its targets"): every
+# The CPU speed table of docs/RESULTS.md ("CPU speed against its targets"): every
 # measurement RUNS times (default 3), printed as a markdown table of medians
 # with all runs beside them. Run it through `make bench-targets`, which builds
 # ./kvt and sets OPENBLAS_CORETYPE where OpenBLAS needs it. About 20 minutes on
