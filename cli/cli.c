@@ -47,13 +47,21 @@ static kvt_status kvt_read_file(const char *path, const char *what, char **text,
  *   otherwise          one sequence, printed as it is generated (run_single),
  *                      with --check running a CPU engine beside it. */
 static void usage(FILE *f) {
+    /* Which binary this is: make debug's -O0 build (./kvt-debug, for gdb) runs
+     * 10-20x slower, so make test checks that it is testing an optimized one.
+     * Said first, where a reader of a long help (or a test that reads its
+     * first 4 KB) sees it. */
+#ifdef __OPTIMIZE__
+    const char *opt = "an optimized build";
+#else
+    const char *opt = "an unoptimized -O0 build, for gdb";
+#endif
+    fprintf(f, "usage: kvt [CHECKPOINT] [options]    (this kvt: %s, %s)\n",
+            KVT_EMULATED ? "C (CUDA kernels emulated)" : "CUDA", opt);
     fprintf(f,
-        "usage: kvt [CHECKPOINT] [options]\n"
-        "  CHECKPOINT              a first argument that is not a flag is the checkpoint, as in llama2.c's\n"
-        "                          ./run model.bin -z tokenizer.bin -i \"...\"\n"
-        "  -m, --model PATH        llama2.c checkpoint (default weights/model.bin); the one difference from\n"
-        "                          llama2.c's flags: its -m is the mode (-m chat), here -m is the checkpoint and\n"
-        "                          the mode is --mode chat (or --chat)\n"
+        "  CHECKPOINT, -m, --model PATH   llama2.c checkpoint (default weights/model.bin); first, as in llama2.c's\n"
+        "                          ./run model.bin, or with -m: the one flag unlike llama2.c's, whose -m is\n"
+        "                          the mode (-m chat is --mode chat here)\n"
         "  -z, --tokenizer PATH    llama2.c tokenizer.bin (default weights/tokenizer.bin)\n"
         "  --random D,L,NH,NKV,HD,V,TMAX  a deterministic random model instead (prints token ids)\n"
         "  --prompt-tokens N       --random: a prompt of N made-up token ids (default 8, at most TMAX / 2)\n"
@@ -69,20 +77,17 @@ static void usage(FILE *f) {
         "  --fork N                N continuations of the prompt (seeds seed, seed+1, ...), sharing its cache\n"
         "  --fork-share on|off     off: each --fork continuation computes and stores the prompt itself\n"
         "  --prefix-cache on|off   reuse cached chunks of a live sequence with the same prompt prefix (default on)\n"
-        "  -n, --steps N           tokens to generate (default 256, at most TMAX - prompt)\n"
+        "  -n, --steps N           tokens to generate (default 256, at most TMAX - prompt; --chat: per reply)\n"
         "  -t, --temperature F     0 = greedy (default 0.8); below 1e-6 counts as 0 (greedy)\n"
         "  -p, --topp F            nucleus sampling threshold in (0, 1] (default 0.9)\n"
         "  -s, --seed N            sampling seed (default 42)\n"
-        "  --chat, --mode chat     a conversation: one turn per line of stdin (the first may be -i), all in one\n"
-        "                          sequence whose cache is kept; each reply ends at the end marker, -n tokens, or\n"
-        "                          the context (--mode generate: the default, one prompt)\n"
-        "  --template llama2|zephyr|plain   --chat: how a turn is wrapped: Llama 2's [INST] ... [/INST] (as llama2.c),\n"
-        "                          Zephyr's <|user|> ... (TinyLlama chat), or the text as is (default: llama2 for\n"
-        "                          a byte-fallback (Llama) vocabulary, plain otherwise, as for the default model)\n"
+        "  --chat, --mode chat     a conversation: a turn per line of stdin (the first may be -i) in one cached\n"
+        "                          sequence (--mode generate: one prompt, the default)\n"
+        "  --template llama2|zephyr|plain   --chat: [INST] ... [/INST] (llama2.c's), <|user|> ... (TinyLlama), the\n"
+        "                          text as is (default: llama2 for a byte-fallback vocabulary, else plain)\n"
         "  -y, --system TEXT       --chat: the system prompt\n"
-        "  --dump-attn FILE        write the attention weights as CSV, one line per weight: query,layer,head,key,\n"
-        "                          weight (query and key are positions; key 0..query; each row sums to 1)\n"
-        "  --dump-attn-layer L     --dump-attn: only layer L (default: every layer)\n"
+        "  --dump-attn FILE        attention weights as CSV lines query,layer,head,key,weight (key 0..query)\n"
+        "  --dump-attn-layer L     --dump-attn: only layer L (default: all)\n"
         "  --kv-cache on|off       off: every step recomputes the whole sequence (default on); its K/V\n"
         "                          still pass through the cache, so --kv-dtype rounds them either way\n"
         "  --chunk CH              positions per cache chunk, 1..TMAX (default 16, or TMAX if smaller;\n"
@@ -109,14 +114,6 @@ static void usage(FILE *f) {
         "  --bench-every N         --bench positions: step between positions (default 64, less for TMAX < 68)\n"
         "  --csv FILE              --bench: also write the table as CSV\n"
         "  -h, --help              this text\n");
-    /* Which binary this is: make debug's -O0 build (./kvt-debug, for gdb) runs
-     * 10-20x slower, so make test checks that it is testing an optimized one. */
-#ifdef __OPTIMIZE__
-    const char *opt = "an optimized build";
-#else
-    const char *opt = "an unoptimized -O0 build, for gdb";
-#endif
-    fprintf(f, "this kvt: %s, %s\n", KVT_EMULATED ? "C (CUDA kernels emulated)" : "CUDA", opt);
 }
 
 /* Parse an int/float flag value with its allowed range; 0 on error (message set). */
