@@ -3383,7 +3383,7 @@ static int chat_stats(const char *out, int *reused, long *computed, int cap) {
  * failure), its ids in ids (cap). */
 static int chat_vs_whole(const char *what, const char *model, const char *flags, const char *turns, int V, int *ids,
                          int cap, char *out, size_t out_cap) {
-    char args[2048], idarg[8192], ref[1024] = "";
+    char args[4096], idarg[2048], ref[1024] = ""; /* cli_run takes 4 KB of arguments */
     const char *lp = tmp_file("chat.f32"), *tp = tmp_file("chat.txt"), *rp = tmp_file("whole.f32");
     snprintf(args, sizeof(args), "%s %s --chat --stats --dump-logits %s --dump-tokens %s < %s", model, flags, lp, tp,
              turns);

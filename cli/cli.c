@@ -423,8 +423,11 @@ static int cli_file_id_of(const char *path, cli_file_id *id) {
 /* No output may overwrite an input, and no two outputs may share a file (the
  * run would garble both, or destroy the checkpoint it reads). Checked before
  * anything is opened for writing. Returns 1 when the paths are fine. */
+/* (A named type: nvcc's C++ front end rejects the size of an array of an
+ * unnamed local struct in a constant expression, as NF below.) */
+typedef struct { const char *flag, *path; int output; } cli_path;
 static int cli_check_files(const kvt_cli *a) {
-    struct { const char *flag, *path; int output; } f[] = {
+    cli_path f[] = {
         {"-m", a->random ? NULL : a->model, 0},  {"-z", a->random ? NULL : a->tokenizer, 0},
         {"--prompts", a->prompts, 0},            {"--ppl", a->ppl, 0},
         {"--dump-logits", a->dump_logits, 1},    {"--dump-tokens", a->dump_tokens, 1},
@@ -1045,7 +1048,7 @@ static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cl
     int V = m->c.vocab_size, TMAX = m->c.seq_len, tty = isatty(STDIN_FILENO), first_given = cli_gave(a, "-i");
     kvt_chat c;
     memset(&c, 0, sizeof(c));
-    c.tpl = a->tpl >= 0 ? a->tpl : tk && tk->byte_fallback ? TPL_LLAMA2 : TPL_PLAIN;
+    c.tpl = a->tpl >= 0 ? a->tpl : tk && tk->byte_fallback ? (int)TPL_LLAMA2 : (int)TPL_PLAIN;
     c.bos = KVT_BOS;
     c.eos = KVT_EOS;
     c.room = TMAX;
