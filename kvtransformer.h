@@ -166,9 +166,6 @@ typedef struct {
     int max_seqs;     /* sequences that may be live at once (default 1) */
     kvt_dtype kv_dtype;
     int kv_group;     /* G for int8 (must divide HS); 0 = automatic (kvt_kv_group_auto: 32, 16, or HS's largest divisor < 32) */
-    int split_len;    /* fused attention (CPU and GPU): positions per split; 0 = automatic, -1 = never */
-    int max_rows;     /* most rows per forward call (longer prefills are cut) */
-    int prefix_reuse; /* 1: a new sequence reuses full chunks of a live one with the same prefix */
     /* A look at the attention weights (--dump-attn): when attn_probe is set, every
      * forward call hands it, layer by layer (only layer attn_layer when that is >= 0),
      * the softmax weights of its n rows: w (n, NH, TMAX), row r's head h at
@@ -178,6 +175,9 @@ typedef struct {
     void (*attn_probe)(void *ctx, int layer, int n, const int *pos, const float *w, int NH, int TMAX);
     void *attn_ctx;
     int attn_layer;   /* -1 (the default): every layer */
+    int split_len;    /* fused attention (CPU and GPU): positions per split; 0 = automatic, -1 = never */
+    int max_rows;     /* most rows per forward call (longer prefills are cut) */
+    int prefix_reuse; /* 1: a new sequence reuses full chunks of a live one with the same prefix */
 } kvt_options;
 
 void kvt_options_default(kvt_options *o);

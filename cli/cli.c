@@ -232,6 +232,12 @@ static const cli_flag cli_flags[] = {
     {"--tokens", NULL, ARG_STR, AT(tokens), 0, 0, NULL},
     {"--dump-logits", NULL, ARG_STR, AT(dump_logits), 0, 0, NULL},
     {"--dump-tokens", NULL, ARG_STR, AT(dump_tokens), 0, 0, NULL},
+    {"--chat", NULL, ARG_FLAG, AT(chat), 0, 0, NULL},
+    {"--mode", NULL, ARG_CHOICE, AT(mode), 0, 0, arg_modes},
+    {"--template", NULL, ARG_CHOICE, AT(tpl), 0, 0, arg_templates},
+    {"-y", "--system", ARG_STR, AT(system), 0, 0, NULL},
+    {"--dump-attn", NULL, ARG_STR, AT(dump_attn), 0, 0, NULL},
+    {"--dump-attn-layer", NULL, ARG_INT, AT(dump_attn_layer), 0, KVT_LIMIT_LAYERS - 1, NULL},
     {"--fork", NULL, ARG_INT, AT(fork), 1, KVT_MAX_SEQS, NULL},
     {"--fork-share", NULL, ARG_CHOICE, AT(fork_share), 0, 0, arg_onoff},
     {"--prefix-cache", NULL, ARG_CHOICE, AT(o.prefix_reuse), 0, 0, arg_onoff},
@@ -257,12 +263,6 @@ static const cli_flag cli_flags[] = {
     {"--bench-batch", NULL, ARG_INT, AT(bench_batch), 1, 256, NULL},
     {"--bench-every", NULL, ARG_INT, AT(bench_every), 1, KVT_LIMIT_SEQ, NULL},
     {"--csv", NULL, ARG_STR, AT(csv), 0, 0, NULL},
-    {"--chat", NULL, ARG_FLAG, AT(chat), 0, 0, NULL},
-    {"--mode", NULL, ARG_CHOICE, AT(mode), 0, 0, arg_modes},
-    {"--template", NULL, ARG_CHOICE, AT(tpl), 0, 0, arg_templates},
-    {"-y", "--system", ARG_STR, AT(system), 0, 0, NULL},
-    {"--dump-attn", NULL, ARG_STR, AT(dump_attn), 0, 0, NULL},
-    {"--dump-attn-layer", NULL, ARG_INT, AT(dump_attn_layer), 0, KVT_LIMIT_LAYERS - 1, NULL},
 };
 #undef AT
 static const cli_flag *cli_flag_of(const char *name) {
