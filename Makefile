@@ -7,6 +7,7 @@
 #   make bench      speed figures of this machine (tables; CSV and plots in bench/out/)
 #   make bench-save copy them over the reference figures in bench/ (tracked, used by docs/RESULTS.md)
 #   make bench-targets  the CPU speed table of docs/RESULTS.md (medians of 3 runs, 20-30 min)
+#   make plot-attn  heatmaps of the attention weights (--dump-attn): the default model and a --chat, in bench/out/attn/
 #   make ppl CORPUS=file   perplexity of the default model per cache type
 #   make debug      -O0 -g build (-G for device code) for gdb / cuda-gdb
 #   make walkthrough  run docs/GDB.md's gdb sessions in batch mode and the --trace captures of README.md and docs/USAGE.md (checks them)
@@ -103,7 +104,7 @@ SUITES = test test-gpu-sizes test-asan test-valgrind nvcc-test gpu-check-dry wal
   exercises-selftest fuzz
 $(SUITES): export OMP_WAIT_POLICY ?= passive
 
-.PHONY: ppl all run test test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-save bench-targets plots gnuplot debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
+.PHONY: ppl all run test test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
 
 all: deps kvt
 
@@ -195,6 +196,14 @@ bench-targets: deps kvt
 # The plots of make bench's CSV files (bench/plots.sh), again from the last run.
 plots: gnuplot
 	OUT=$(BENCH_OUT) RUNS=$(RUNS) bash bench/plots.sh
+
+# What the attention looks at (bench/plot_attn.sh): --dump-attn of the default
+# model and of a 3-turn --chat, drawn as one heatmap per head of each layer, and
+# the system prompt's share of the chat's attention, in bench/out/attn/ (ignored).
+# SAVE=1 also replaces the tracked copies bench/attn_*.png that the README shows.
+plot-attn: deps kvt gnuplot
+	@command -v gnuplot >/dev/null || { echo "[make] make plot-attn draws with gnuplot, which is missing and could not be installed: install gnuplot-nox"; exit 1; }
+	bash bench/plot_attn.sh
 
 # gnuplot, installed the way OpenBLAS is (as root or with sudo) when missing.
 # make test needs it only for its check of the plots (skipped without it).

@@ -1751,6 +1751,7 @@ struct kvt_engine {
     int *h_pos, *h_len, *h_tab; /* (rows) host staging of row_pos, row_len, row_tab */
     int *h_tables; /* (max_seqs * ceil(TMAX/CH)) host staging of tables */
     float *h_logits; /* (rows, V) host staging of a batch's logits */
+    float *h_scores; /* (rows, NH, TMAX) host copy of the weights for o.attn_probe (one float without it) */
     /* counters for --stats */
     double t_prefill, t_decode;
     long n_prefill, n_decode;
@@ -1800,6 +1801,7 @@ void kvt_options_default(kvt_options *o) {
     o->split_len = 0;
     o->max_rows = 256;
     o->prefix_reuse = 1;
+    o->attn_layer = -1; /* an attn_probe, when set, sees every layer */
 }
 
 static void engine_free_buffers(kvt_engine *e) {
@@ -1819,6 +1821,7 @@ void kvt_engine_free(kvt_engine *e) {
     free(e->h_tab);
     free(e->h_tables);
     free(e->h_logits);
+    free(e->h_scores);
     free(e);
 }
 
@@ -1889,7 +1892,7 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
         {(void **)&e->q, "q", R, D, 1, 0}, {(void **)&e->k, "k", R, KVD, 1, 0}, {(void **)&e->v, "v", R, KVD, 1, 0},
         {(void **)&e->att, "att", R, D, 1, 0}, {(void **)&e->hb, "hb", R, HD, 1, 0}, {(void **)&e->hb2, "hb2", R, HD, 1, 0},
         {(void **)&e->logits, "logits", R, V, 1, 0},
-        {(void **)&e->scores, "scores", o->attn == KVT_ATTN_NAIVE ? R : 1, NH, T, 0},
+        {(void **)&e->scores, "scores", o->attn == KVT_ATTN_NAIVE || o->attn_probe ? R : 1, NH, T, 0},
         {(void **)&e->part, "part", e->part_cap, NH, 2 + (size_t)HS, 0},
         {(void **)&e->freq, "freq", (size_t)HS / 2, 1, 1, 0},
         {(void **)&e->tokens, "tokens", R, 1, 1, 0}, {(void **)&e->row_pos, "row_pos", R, 1, 1, 0},
@@ -1899,8 +1902,9 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
         {(void **)&e->h_pos, "h_pos", R, 1, 1, 0}, {(void **)&e->h_len, "h_len", R, 1, 1, 0},
         {(void **)&e->h_tab, "h_tab", R, 1, 1, 0}, {(void **)&e->h_tables, "h_tables", tab_entries, 1, 1, 0},
         {(void **)&e->h_logits, "h_logits", R, V, 1, 0},
+        {(void **)&e->h_scores, "h_scores", o->attn_probe ? R : 1, o->attn_probe ? NH : 1, o->attn_probe ? T : 1, 0},
     };
-    const int n_bufs = (int)(sizeof(b) / sizeof(b[0])), n_dev = n_bufs - 5; /* the first n_dev: engine's device */
+    const int n_bufs = (int)(sizeof(b) / sizeof(b[0])), n_dev = n_bufs - 6; /* the first n_dev: engine's device */
     size_t pool_data = 0, pool_scales = 0;
     kvt_status st = pool_shape(&e->pool, e->gpu, c->n_layers, c->n_kv_heads, HS, o->CH, n_chunks, o->kv_dtype,
                                e->o.kv_group, &pool_data, &pool_scales);
@@ -2016,6 +2020,20 @@ static void attn_split(const kvt_engine *e, int max_pos, int n_rows, int *split_
     *nsplit = kvt_cdiv(T, len);
 }
 
+/* The hook of --dump-attn (kvt_options.attn_probe): layer l's softmax weights
+ * of the call's n rows, (n, NH, TMAX) in e->scores, handed to the probe on the
+ * host. The naive path has just left them there. The fused path never forms
+ * them (that is its point), so the naive path's own ops compute them once more
+ * from the same rotated q and the same cached K: the weights the fused pass
+ * used, up to rounding. Their output goes to xb2, which the wo matmul
+ * overwrites next. A look, not a hot path: one more naive attention a layer. */
+static void attn_probe_rows(kvt_engine *e, kvt_kv kv, int l, int n) {
+    int NH = e->m->c.n_heads, TMAX = e->m->c.seq_len;
+    if (e->o.attn != KVT_ATTN_NAIVE) e->op->attention_naive(e->xb2, e->q, kv, l, n, NH, e->scores, TMAX);
+    buf_download(e->gpu, e->h_scores, e->scores, (size_t)n * NH * TMAX * sizeof(float));
+    e->o.attn_probe(e->o.attn_ctx, l, n, e->h_pos, e->h_scores, NH, TMAX);
+}
+
 /* The transformer on n rows whose row_pos/row_len/row_tab and chunk tables are
  * already on the device. Writes each row's K/V into the cache, and the logits
  * of the last row (all rows when all_logits) into e->logits. */
@@ -2051,6 +2069,7 @@ static void forward_rows(kvt_engine *e, int n, int all_logits) {
         op->kv_write(kv, e->k, e->v, l, n); /* the cache grows here */
         if (e->o.attn == KVT_ATTN_NAIVE) op->attention_naive(e->att, e->q, kv, l, n, NH, e->scores, TMAX);
         else op->attention_fused(e->att, e->q, kv, l, n, NH, e->part, split_len, nsplit);
+        if (e->o.attn_probe && (e->o.attn_layer < 0 || e->o.attn_layer == l)) attn_probe_rows(e, kv, l, n);
         op->matmul(e->xb2, e->att, w->wo + lD * D, n, D, D);
         op->residual(e->x, e->xb2, n, D);
         /* feed-forward block: x += w2 @ (silu(w1 @ xb) * (w3 @ xb)) */

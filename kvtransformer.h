@@ -110,6 +110,9 @@ kvt_status kvt_encode(const kvt_tokenizer *t, const char *text, int bos,
                       int *tokens, int max_tokens, int *n_tokens);
 /* The text of token `tok` when it follows `prev` ("<0x41>" becomes "A"). */
 const char *kvt_decode(const kvt_tokenizer *t, int prev, int tok);
+/* The id of the piece spelled exactly `piece` (no encoding, no merging), or -1:
+ * how a chat template finds its markers, such as "<s>" and "</s>". */
+int kvt_piece_id(const kvt_tokenizer *t, const char *piece);
 
 /* ---- KV cache: a pool of chunks, a chunk table per sequence ------------- */
 
@@ -163,6 +166,15 @@ typedef struct {
     int max_seqs;     /* sequences that may be live at once (default 1) */
     kvt_dtype kv_dtype;
     int kv_group;     /* G for int8 (must divide HS); 0 = automatic (kvt_kv_group_auto: 32, 16, or HS's largest divisor < 32) */
+    /* A look at the attention weights (--dump-attn): when attn_probe is set, every
+     * forward call hands it, layer by layer (only layer attn_layer when that is >= 0),
+     * the softmax weights of its n rows: w (n, NH, TMAX), row r's head h at
+     * w[(r * NH + h) * TMAX + t] for the keys t <= pos[r] (pos (n): the rows'
+     * positions). The naive path has them; the fused path, which never forms them,
+     * computes them once more from the same q and cached K (§15, attn_probe_rows). */
+    void (*attn_probe)(void *ctx, int layer, int n, const int *pos, const float *w, int NH, int TMAX);
+    void *attn_ctx;
+    int attn_layer;   /* -1 (the default): every layer */
     int split_len;    /* fused attention (CPU and GPU): positions per split; 0 = automatic, -1 = never */
     int max_rows;     /* most rows per forward call (longer prefills are cut) */
     int prefix_reuse; /* 1: a new sequence reuses full chunks of a live one with the same prefix */

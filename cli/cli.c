@@ -4,7 +4,7 @@
  * everything defined there is visible here, and `make` builds one program
  * (./kvt) as before. What is here: the flags (one table, cli_flags[]), the
  * generation loop with --fork and --prompts (run_single, read_prompts),
- * perplexity (--ppl), --stats, main, and kvt_read_file (a whole file into
+ * a conversation (--chat, run_chat), perplexity (--ppl), --stats, main, and kvt_read_file (a whole file into
  * memory: --ppl and the tests). The engine it drives is in
  * kvtransformer.cu §15; the benchmarks that --bench runs are in bench/bench.c. */
 
@@ -43,12 +43,25 @@ static kvt_status kvt_read_file(const char *path, const char *what, char **text,
  *   --bench ...        a measurement (§19), on a random or loaded model;
  *   --ppl FILE         teacher-forced perplexity (run_ppl);
  *   --prompts / --fork several sequences decoded as one batch (run_batch);
+ *   --chat             a conversation: turns from stdin, one sequence (run_chat);
  *   otherwise          one sequence, printed as it is generated (run_single),
  *                      with --check running a CPU engine beside it. */
 static void usage(FILE *f) {
+    /* Which binary this is: make debug's -O0 build (./kvt-debug, for gdb) runs
+     * 10-20x slower, so make test checks that it is testing an optimized one.
+     * Said first, where a reader of a long help (or a test that reads its
+     * first 4 KB) sees it. */
+#ifdef __OPTIMIZE__
+    const char *opt = "an optimized build";
+#else
+    const char *opt = "an unoptimized -O0 build, for gdb";
+#endif
+    fprintf(f, "usage: kvt [CHECKPOINT] [options]    (this kvt: %s, %s)\n",
+            KVT_EMULATED ? "C (CUDA kernels emulated)" : "CUDA", opt);
     fprintf(f,
-        "usage: kvt [options]\n"
-        "  -m, --model PATH        llama2.c checkpoint (default weights/model.bin)\n"
+        "  CHECKPOINT, -m, --model PATH   llama2.c checkpoint (default weights/model.bin); first, as in llama2.c's\n"
+        "                          ./run model.bin, or with -m: the one flag unlike llama2.c's, whose -m is\n"
+        "                          the mode (-m chat is --mode chat here)\n"
         "  -z, --tokenizer PATH    llama2.c tokenizer.bin (default weights/tokenizer.bin)\n"
         "  --random D,L,NH,NKV,HD,V,TMAX  a deterministic random model instead (prints token ids)\n"
         "  --prompt-tokens N       --random: a prompt of N made-up token ids (default 8, at most TMAX / 2)\n"
@@ -64,10 +77,17 @@ static void usage(FILE *f) {
         "  --fork N                N continuations of the prompt (seeds seed, seed+1, ...), sharing its cache\n"
         "  --fork-share on|off     off: each --fork continuation computes and stores the prompt itself\n"
         "  --prefix-cache on|off   reuse cached chunks of a live sequence with the same prompt prefix (default on)\n"
-        "  -n, --steps N           tokens to generate (default 256, at most TMAX - prompt)\n"
+        "  -n, --steps N           tokens to generate (default 256, at most TMAX - prompt; --chat: per reply)\n"
         "  -t, --temperature F     0 = greedy (default 0.8); below 1e-6 counts as 0 (greedy)\n"
         "  -p, --topp F            nucleus sampling threshold in (0, 1] (default 0.9)\n"
         "  -s, --seed N            sampling seed (default 42)\n"
+        "  --chat, --mode chat     a conversation: a turn per line of stdin (the first may be -i) in one cached\n"
+        "                          sequence (--mode generate: one prompt, the default)\n"
+        "  --template llama2|zephyr|plain   --chat: [INST] ... [/INST] (llama2.c's), <|user|> ... (TinyLlama), the\n"
+        "                          text as is (default: llama2 for a byte-fallback vocabulary, else plain)\n"
+        "  -y, --system TEXT       --chat: the system prompt\n"
+        "  --dump-attn FILE        attention weights as CSV lines query,layer,head,key,weight (key 0..query)\n"
+        "  --dump-attn-layer L     --dump-attn: only layer L (default: all)\n"
         "  --kv-cache on|off       off: every step recomputes the whole sequence (default on); its K/V\n"
         "                          still pass through the cache, so --kv-dtype rounds them either way\n"
         "  --chunk CH              positions per cache chunk, 1..TMAX (default 16, or TMAX if smaller;\n"
@@ -94,14 +114,6 @@ static void usage(FILE *f) {
         "  --bench-every N         --bench positions: step between positions (default 64, less for TMAX < 68)\n"
         "  --csv FILE              --bench: also write the table as CSV\n"
         "  -h, --help              this text\n");
-    /* Which binary this is: make debug's -O0 build (./kvt-debug, for gdb) runs
-     * 10-20x slower, so make test checks that it is testing an optimized one. */
-#ifdef __OPTIMIZE__
-    const char *opt = "an optimized build";
-#else
-    const char *opt = "an unoptimized -O0 build, for gdb";
-#endif
-    fprintf(f, "this kvt: %s, %s\n", KVT_EMULATED ? "C (CUDA kernels emulated)" : "CUDA", opt);
 }
 
 /* Parse an int/float flag value with its allowed range; 0 on error (message set). */
@@ -181,6 +193,13 @@ typedef struct {
     kvt_options o;
     const char *trace; /* --trace: NULL off, "" stderr, else the file's path */
     FILE *tracef;      /* where --trace writes (opened by main), or NULL */
+    int model_pos;     /* 1: the checkpoint came as the first argument (llama2.c's ./run model.bin) */
+    int chat, mode, tpl; /* --chat; --mode (0 generate, 1 chat); --template (enum chat_tpl, -1 automatic) */
+    const char *system;  /* -y/--system: the chat's system prompt, or NULL */
+    const char *dump_attn; /* --dump-attn FILE, or NULL */
+    int dump_attn_layer;   /* --dump-attn-layer, -1: every layer */
+    FILE *attnf;           /* where --dump-attn writes (opened by the runner), or NULL */
+    int attn_next;         /* --dump-attn writes rows at positions >= this (earlier ones are in the file) */
 } kvt_cli;
 
 /* Every flag, once: its names, how its value is read, and the field of
@@ -198,7 +217,10 @@ typedef struct {
 static const char *const arg_onoff[] = {"off", "on", NULL}, *const arg_dtypes[] = {"fp32", "fp16", "int8", NULL},
                          *const arg_attns[] = {"naive", "fused", NULL}, *const arg_devs[] = {"cpu", "gpu", NULL},
                          *const arg_benches[] = {"decode", "positions", "batch", "attention", "stages", "context",
-                                                 "matmul", NULL};
+                                                 "matmul", NULL},
+                         *const arg_modes[] = {"generate", "chat", NULL}, *const arg_templates[] = {"llama2", "zephyr",
+                                                                                                  "plain", NULL};
+enum chat_tpl { TPL_LLAMA2, TPL_ZEPHYR, TPL_PLAIN }; /* arg_templates' order */
 #define AT(field) offsetof(kvt_cli, field)
 static const cli_flag cli_flags[] = {
     {"-m", "--model", ARG_STR, AT(model), 0, 0, NULL},
@@ -210,6 +232,12 @@ static const cli_flag cli_flags[] = {
     {"--tokens", NULL, ARG_STR, AT(tokens), 0, 0, NULL},
     {"--dump-logits", NULL, ARG_STR, AT(dump_logits), 0, 0, NULL},
     {"--dump-tokens", NULL, ARG_STR, AT(dump_tokens), 0, 0, NULL},
+    {"--chat", NULL, ARG_FLAG, AT(chat), 0, 0, NULL},
+    {"--mode", NULL, ARG_CHOICE, AT(mode), 0, 0, arg_modes},
+    {"--template", NULL, ARG_CHOICE, AT(tpl), 0, 0, arg_templates},
+    {"-y", "--system", ARG_STR, AT(system), 0, 0, NULL},
+    {"--dump-attn", NULL, ARG_STR, AT(dump_attn), 0, 0, NULL},
+    {"--dump-attn-layer", NULL, ARG_INT, AT(dump_attn_layer), 0, KVT_LIMIT_LAYERS - 1, NULL},
     {"--fork", NULL, ARG_INT, AT(fork), 1, KVT_MAX_SEQS, NULL},
     {"--fork-share", NULL, ARG_CHOICE, AT(fork_share), 0, 0, arg_onoff},
     {"--prefix-cache", NULL, ARG_CHOICE, AT(o.prefix_reuse), 0, 0, arg_onoff},
@@ -262,6 +290,7 @@ static int parse_args(kvt_cli *a, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *s;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) return 2;
+        if (i == 1 && f[0] != '-') { a->model = f; a->model_pos = 1; continue; } /* llama2.c: ./run model.bin ... */
         const cli_flag *fl = cli_flag_of(f);
         if (!fl) { kvt_fail(KVT_EARG, "unknown flag '%s' (see --help)", f); return 0; }
         char *field = (char *)a + fl->at;
@@ -306,7 +335,7 @@ static int cli_gave(const kvt_cli *a, const char *name) {
  * command-line fuzz target runs it. Returns 1 when the flags can run. */
 static int cli_check(kvt_cli *a, const kvt_config *c) {
     int TMAX = c->seq_len, HS = c->dim / c->n_heads;
-    int gave_prompt = cli_gave(a, "-i"), fork = a->fork > 0;
+    int gave_prompt = cli_gave(a, "-i"), fork = a->fork > 0, chat = a->chat || a->mode == 1;
     struct { int bad; const char *why; } rules[] = {
         {fork && a->prompts, "--fork continues one prompt and --prompts gives several: use one of them"},
         {gave_prompt && a->prompts, "-i/--prompt and --prompts both give the prompt: use one of them"},
@@ -330,6 +359,22 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
         {(a->dump_logits || a->dump_tokens) && (a->prompts || a->fork > 1 || a->ppl || a->bench),
          "--dump-logits and --dump-tokens record one sequence's run: drop --prompts, --fork, --ppl and --bench"},
         {a->trace && (a->ppl || a->bench), "--trace shows the cache of a generation run: drop --ppl and --bench"},
+        {a->model_pos && (cli_gave(a, "-m") || a->random), "the checkpoint is given twice: as the first argument "
+         "and with -m/--model or --random"},
+        {a->chat && cli_gave(a, "--mode") && a->mode == 0, "--chat and --mode generate contradict each other"},
+        {chat && (a->prompts || fork || a->ppl || a->bench || a->check),
+         "--chat is a conversation in one sequence: drop --prompts, --fork, --ppl, --bench and --check"},
+        {chat && a->tokens, "--chat reads its turns from standard input (the first may be -i): drop --tokens"},
+        {chat && a->random && cli_gave(a, "--prompt-tokens"), "--chat with --random reads lines of token ids from "
+         "standard input: drop --prompt-tokens"},
+        {!chat && (cli_gave(a, "--template") || a->system), "--template and -y/--system shape a conversation: add "
+         "--chat (or --mode chat)"},
+        {chat && a->random && cli_gave(a, "--template") && a->tpl != TPL_PLAIN, "--template llama2 and zephyr take "
+         "their markers from a tokenizer: a --random model chats with --template plain (lines of token ids)"},
+        {chat && a->random && a->system, "-y/--system is text, and a --random model has no tokenizer: drop it"},
+        {a->dump_attn && (a->prompts || a->fork > 1 || a->ppl || a->bench),
+         "--dump-attn records one sequence's run: drop --prompts, --fork, --ppl and --bench"},
+        {cli_gave(a, "--dump-attn-layer") && !a->dump_attn, "--dump-attn-layer needs --dump-attn"},
     };
     for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
         if (rules[i].bad) { kvt_fail(KVT_EARG, "%s", rules[i].why); return 0; }
@@ -338,6 +383,13 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
     if (!cli_gave(a, "--bench-every") && a->bench_every + 4 > TMAX) /* the default 64: about 8 rows on a short */
         a->bench_every = (TMAX - 4) / 8 > 1 ? (TMAX - 4) / 8 : 1;  /* model (a row times 4 positions from it) */
     if (!cli_gave(a, "--kv-group")) a->o.kv_group = kvt_kv_group_auto(HS); /* the engine's default, made explicit */
+    if (!cli_gave(a, "--dump-attn-layer")) a->dump_attn_layer = -1; /* every layer */
+    else if (a->dump_attn_layer >= c->n_layers) {
+        kvt_fail(KVT_EARG, "--dump-attn-layer %d: this model's layers are 0..%d", a->dump_attn_layer, c->n_layers - 1);
+        return 0;
+    }
+    if (!cli_gave(a, "--template")) a->tpl = -1; /* chosen by run_chat from the vocabulary */
+    a->chat = chat;
     return 1;
 }
 
@@ -371,12 +423,16 @@ static int cli_file_id_of(const char *path, cli_file_id *id) {
 /* No output may overwrite an input, and no two outputs may share a file (the
  * run would garble both, or destroy the checkpoint it reads). Checked before
  * anything is opened for writing. Returns 1 when the paths are fine. */
+/* (A named type: nvcc's C++ front end rejects the size of an array of an
+ * unnamed local struct in a constant expression, as NF below.) */
+typedef struct { const char *flag, *path; int output; } cli_path;
 static int cli_check_files(const kvt_cli *a) {
-    struct { const char *flag, *path; int output; } f[] = {
+    cli_path f[] = {
         {"-m", a->random ? NULL : a->model, 0},  {"-z", a->random ? NULL : a->tokenizer, 0},
         {"--prompts", a->prompts, 0},            {"--ppl", a->ppl, 0},
         {"--dump-logits", a->dump_logits, 1},    {"--dump-tokens", a->dump_tokens, 1},
         {"--trace", a->trace && a->trace[0] ? a->trace : NULL, 1}, {"--csv", a->csv, 1},
+        {"--dump-attn", a->dump_attn, 1},
     };
     enum { NF = sizeof(f) / sizeof(f[0]) };
     cli_file_id id[NF];
@@ -605,6 +661,22 @@ static kvt_status parse_tokens(const char *s, int V, int TMAX, int *out, int *n)
     }
 }
 
+/* --dump-attn, the engine's probe (kvt_options.attn_probe, §15): one CSV line
+ * per weight, for each row at a position not written yet (with --kv-cache off
+ * every step recomputes the earlier rows, whose weights are in the file
+ * already). w (n, NH, TMAX): row r, head h attends to keys 0..pos[r]. A failed
+ * write shows at the end (cli_close). */
+static void attn_dump_rows(void *ctx, int layer, int n, const int *pos, const float *w, int NH, int TMAX) {
+    kvt_cli *a = (kvt_cli *)ctx;
+    for (int r = 0; r < n; r++) {
+        if (pos[r] < a->attn_next) continue;
+        for (int h = 0; h < NH; h++) {
+            const float *wr = w + ((size_t)r * NH + h) * TMAX;
+            for (int t = 0; t <= pos[r]; t++) fprintf(a->attnf, "%d,%d,%d,%d,%.9g\n", pos[r], layer, h, t, wr[t]);
+        }
+    }
+}
+
 /* One sequence: prefill the prompt, then sample -n tokens, printing as we go.
  * With --check a CPU engine runs the same steps and every step's logits are
  * compared. */
@@ -617,6 +689,7 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
     if (a->check) { /* the reference: the same options on the CPU */
         kvt_options ro = e->o;
         ro.device = KVT_CPU;
+        ro.attn_probe = NULL; /* --dump-attn records the run itself, not its reference */
         if (!e->gpu) {
             kvt_fail(KVT_EARG, "--check compares the GPU path with the CPU: add --device gpu (needs a CUDA device, "
                      "or the C build, which emulates the kernels)");
@@ -652,6 +725,7 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
     /* -n 0 with --dump-logits still runs the prompt: its rows are the dump */
     while (st == KVT_OK && (n < np + a->steps || (dl && !fed))) {
         fed = 1;
+        a->attn_next = n == np ? 0 : n - 1; /* --dump-attn: the rows this forward adds (cache off recomputes the rest) */
         if (dl && n == np) { /* the prompt's forward keeps every position's logits for the dump */
             float *all = NULL;
             size_t bytes;
@@ -819,6 +893,320 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
     return rc;
 }
 
+/* ---- --chat: a conversation whose cache is kept --------------------------------
+ * Every turn (a line of standard input; the first may be -i) is wrapped by the
+ * template and appended to one transcript, which one sequence holds. Only
+ * what the cache lacks runs: the turn's own tokens (one prefill), then the
+ * reply, one token a step. Earlier turns and replies are read from the cache,
+ * never computed again:
+ *
+ *   transcript  [ turn 1 . reply 1 | turn 2 . reply 2 | turn 3 . reply 3 | ...
+ *   computed    [ in turn 1        ] [ in turn 2      ] [ in turn 3      ]
+ *
+ * With --kv-cache off each forward call recomputes the whole transcript, so a
+ * turn costs more the longer the conversation; --stats prints both sides. */
+#include <unistd.h> /* isatty: a terminal gets a "User: " prompt, a pipe an echo of each turn */
+
+/* The transcript, and how far each output has got in it. */
+typedef struct {
+    int tpl;       /* enum chat_tpl */
+    int bos, eos;  /* the template's markers (llama2, zephyr: "<s>" and "</s>" looked up; plain: ids 1 and 2) */
+    int room;      /* positions the conversation may fill: TMAX, or less when --chunks makes the pool smaller */
+    int *hist, n;  /* (room) the transcript's token ids, and its length */
+    int done;      /* positions computed at least once: their rows are in --dump-logits and --dump-attn */
+    long computed; /* positions computed by all forward calls (--kv-cache off computes some many times) */
+    int calls;     /* forward calls */
+    FILE *dl;      /* --dump-logits, or NULL */
+    const char *dl_path;
+    float *rows;   /* (room, V) --dump-logits: every row of one forward call, or NULL */
+} kvt_chat;
+
+/* A marker's id: the piece spelled exactly so, or as llama2.c's tokenizer.bin
+ * spells BOS and EOS ("\n<s>\n", "\n</s>\n"); -1 when the vocabulary has neither. */
+static int chat_marker(const kvt_tokenizer *tk, const char *piece) {
+    char alt[32];
+    snprintf(alt, sizeof(alt), "\n%s\n", piece);
+    int id = kvt_piece_id(tk, piece);
+    return id >= 0 ? id : kvt_piece_id(tk, alt);
+}
+
+/* parts[0] + parts[1] + ... up to a NULL, in a new string. */
+static char *chat_cat(const char *const *parts) {
+    size_t len = 0, k = 0;
+    for (int i = 0; parts[i]; i++) len += strlen(parts[i]);
+    char *s = (char *)kvt_malloc(len + 1);
+    for (int i = 0; parts[i]; i++) { memcpy(s + k, parts[i], strlen(parts[i])); k += strlen(parts[i]); }
+    s[k] = '\0';
+    return s;
+}
+
+/* Turn `turn`'s tokens (0 = the first): the user's text wrapped by the template,
+ * in a new array *out of *n_out ids. sys is the system prompt (NULL or "": none).
+ *   llama2, as llama2.c's chat mode builds it: each turn is encoded as a prompt,
+ *     BOS then "[INST] <<SYS>>\n" sys "\n<</SYS>>\n\n" user " [/INST]" for the
+ *     first turn with a system prompt, else BOS then "[INST] " user " [/INST]";
+ *   zephyr (TinyLlama chat): BOS "<|system|>\n" sys EOS "\n<|user|>\n" user EOS
+ *     "\n<|assistant|>\n" for the first turn (without sys: BOS "<|user|>\n" user
+ *     EOS ...), then "\n<|user|>\n" user EOS "\n<|assistant|>\n";
+ *   plain: BOS, sys "\n" (if any), user "\n" for the first turn, then user "\n".
+ * BOS and EOS are the looked-up marker ids, never text. A reply ends where the
+ * model samples EOS, which stays in the transcript (llama2.c feeds it too), or
+ * where -n cuts it, left open as llama2.c leaves it. Sentencepiece's leading
+ * space (a vocabulary with byte fallback, §16) goes where the text is
+ * encoded as a prompt: every llama2 turn, the transcript's first text for the
+ * others (text after a marker gets none). */
+static kvt_status chat_render(const kvt_chat *c, const kvt_tokenizer *tk, int turn, const char *sys, const char *user,
+                              int **out, int *n_out) {
+    struct { int id; char *text; int lead; } seg[6]; /* a marker id, or text (id -1) */
+    int ns = 0, first = turn == 0, lead = tk->dummy_prefix, has_sys = first && sys && sys[0];
+    if (c->tpl == TPL_LLAMA2) {
+        const char *with_sys[] = {"[INST] <<SYS>>\n", sys, "\n<</SYS>>\n\n", user, " [/INST]", NULL},
+                   *plain[] = {"[INST] ", user, " [/INST]", NULL};
+        seg[ns].id = c->bos, seg[ns++].text = NULL;
+        seg[ns].id = -1, seg[ns].lead = lead, seg[ns++].text = chat_cat(has_sys ? with_sys : plain);
+    } else if (c->tpl == TPL_ZEPHYR) {
+        const char *system[] = {"<|system|>\n", sys, NULL}, *u[] = {first && !has_sys ? "<|user|>\n" : "\n<|user|>\n",
+                                                                    user, NULL}, *asst[] = {"\n<|assistant|>\n", NULL};
+        if (first) seg[ns].id = c->bos, seg[ns++].text = NULL;
+        if (has_sys) {
+            seg[ns].id = -1, seg[ns].lead = lead, seg[ns++].text = chat_cat(system);
+            seg[ns].id = c->eos, seg[ns++].text = NULL;
+        }
+        seg[ns].id = -1, seg[ns].lead = first && !has_sys ? lead : 0, seg[ns++].text = chat_cat(u);
+        seg[ns].id = c->eos, seg[ns++].text = NULL;
+        seg[ns].id = -1, seg[ns].lead = 0, seg[ns++].text = chat_cat(asst);
+    } else {
+        const char *system[] = {sys, "\n", NULL}, *u[] = {user, "\n", NULL};
+        if (first) seg[ns].id = c->bos, seg[ns++].text = NULL;
+        if (has_sys) seg[ns].id = -1, seg[ns].lead = lead, seg[ns++].text = chat_cat(system);
+        seg[ns].id = -1, seg[ns].lead = first && !has_sys ? lead : 0, seg[ns++].text = chat_cat(u);
+    }
+    size_t cap = 1; /* encode_piece needs room for one token per byte, plus the leading space */
+    for (int i = 0; i < ns; i++) cap += seg[i].text ? strlen(seg[i].text) + 1 : 1;
+    int *ids = (int *)kvt_malloc(cap * sizeof(int)), n = 0;
+    kvt_status st = KVT_OK;
+    for (int i = 0; i < ns; i++) {
+        if (!seg[i].text) ids[n++] = seg[i].id;
+        else if (st == KVT_OK) st = encode_piece(tk, seg[i].text, strlen(seg[i].text), seg[i].lead, ids, &n);
+        free(seg[i].text);
+    }
+    if (st != KVT_OK) { free(ids); ids = NULL; n = 0; }
+    *out = ids;
+    *n_out = n;
+    return st;
+}
+
+/* Run the transcript's positions the cache lacks (all of them with --kv-cache
+ * off, which forgets everything first); the last one's logits go to logits.
+ * --dump-logits gets the rows of positions not written yet, --dump-attn (its
+ * probe, attn_dump_rows) the same rows' weights. */
+static kvt_status chat_feed(kvt_engine *e, kvt_seq *s, kvt_cli *a, kvt_chat *c, float *logits) {
+    int V = e->m->c.vocab_size;
+    if (!e->o.kv_cache) kvt_seq_reset(e, s);
+    int from = s->len, rows = c->n - from;
+    a->attn_next = c->done;
+    kvt_status st = kvt_forward(e, s, c->hist + from, rows, c->dl ? c->rows : logits, c->dl != NULL);
+    if (st != KVT_OK) return st;
+    c->computed += rows;
+    c->calls++;
+    if (c->dl) {
+        size_t skip = (size_t)(c->done - from), k = (size_t)(c->n - c->done);
+        if (fwrite(c->rows + skip * V, sizeof(float), k * V, c->dl) != k * V)
+            return kvt_fail(KVT_EIO, "--dump-logits: writing '%s' failed: %s", c->dl_path, strerror(errno));
+        memcpy(logits, c->rows + (size_t)(rows - 1) * V, (size_t)V * sizeof(float));
+    }
+    c->done = c->n;
+    return KVT_OK;
+}
+
+/* --stats, after each turn: what the kept cache saved. With the cache, the
+ * turn computed only its own positions; recomputing the transcript instead is
+ * estimated at this turn's measured cost per position. (An estimate: a prefill
+ * row is cheaper than a decode step, and attention grows with the length.)
+ * With --kv-cache off the recomputation really ran, so the time is measured. */
+static void chat_turn_stats(const kvt_engine *e, const kvt_chat *c, int turn, int reused, long computed, int calls,
+                            int n_turn, int n_reply, double dt) {
+    if (e->o.kv_cache) {
+        double per = dt / (double)(computed > 0 ? computed : 1);
+        fprintf(stderr, "[stats] turn %d: reused %d cached positions, computed %ld (%d of the turn + %d of the reply) "
+                "in %.2f ms, %.3f ms a position; recomputing the whole transcript of %d positions instead: about "
+                "%.2f ms (an estimate: %d x this turn's ms a position)\n", turn, reused, computed, n_turn, n_reply,
+                1e3 * dt, 1e3 * per, c->n, 1e3 * per * c->n, c->n);
+    } else {
+        fprintf(stderr, "[stats] turn %d: --kv-cache off: reused 0, computed %ld positions in %d forward calls, each "
+                "over the whole transcript so far (%d new: %d of the turn + %d of the reply), in %.2f ms (measured)\n",
+                turn, computed, calls, n_turn + n_reply, n_turn, n_reply, 1e3 * dt);
+    }
+}
+
+/* The conversation: read a turn, append it, prefill it, sample the reply into
+ * the transcript until the end marker, -n tokens or the context, feed the
+ * reply's last token (so the cache holds the whole transcript when the next
+ * turn comes), repeat until the input ends. A context that is full ends the
+ * conversation with one line, exit status 0: what fit was answered. */
+static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cli *a) {
+    int V = m->c.vocab_size, TMAX = m->c.seq_len, tty = isatty(STDIN_FILENO), first_given = cli_gave(a, "-i");
+    kvt_chat c;
+    memset(&c, 0, sizeof(c));
+    c.tpl = a->tpl >= 0 ? a->tpl : tk && tk->byte_fallback ? (int)TPL_LLAMA2 : (int)TPL_PLAIN;
+    c.bos = KVT_BOS;
+    c.eos = KVT_EOS;
+    c.room = TMAX;
+    if (e->o.n_chunks > 0 && (long)e->o.n_chunks * e->pool.CH < TMAX) c.room = e->o.n_chunks * e->pool.CH;
+    const char *name = arg_templates[c.tpl];
+    if (c.tpl != TPL_PLAIN) {
+        c.bos = chat_marker(tk, "<s>");
+        c.eos = chat_marker(tk, "</s>");
+        if (c.bos < 0 || c.eos < 0) {
+            kvt_fail(KVT_EARG, "--template %s: the tokenizer has no piece '%s' (the template's %s marker)", name,
+                     c.bos < 0 ? "<s>" : "</s>", c.bos < 0 ? "begin-of-sequence" : "end-of-turn");
+            return cli_fail("");
+        }
+    }
+    for (int k = 0; tk && k < 3; k++) { /* the template's own text, then the system prompt, must encode */
+        int *ids, ni;
+        if (chat_render(&c, tk, k == 1, k == 2 ? a->system : NULL, "", &ids, &ni) != KVT_OK) {
+            char msg[sizeof(kvt_errbuf)];
+            snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
+            kvt_fail(KVT_EARG, "%s%s: %s", k == 2 ? "-y/--system" : "--template ", k == 2 ? "" : name, msg);
+            return cli_fail("");
+        }
+        free(ids);
+    }
+    kvt_status st = KVT_OK;
+    FILE *dt = NULL;
+    c.dl_path = a->dump_logits;
+    if (a->dump_logits && !(c.dl = fopen(a->dump_logits, "wb")))
+        st = kvt_fail(KVT_EIO, "--dump-logits: cannot write '%s': %s", a->dump_logits, strerror(errno));
+    if (st == KVT_OK && a->dump_tokens && !(dt = fopen(a->dump_tokens, "w")))
+        st = kvt_fail(KVT_EIO, "--dump-tokens: cannot write '%s': %s", a->dump_tokens, strerror(errno));
+    size_t bytes;
+    if (st == KVT_OK && c.dl) st = kvt_bytes(&bytes, "--dump-logits' rows (TMAX x V)", (size_t)c.room, (size_t)V, 4, 1);
+    if (st == KVT_OK && c.dl) st = buf_alloc(0, (void **)&c.rows, bytes, "--dump-logits' rows (TMAX x V)");
+    if (st != KVT_OK) {
+        if (c.dl) fclose(c.dl);
+        if (dt) fclose(dt);
+        return cli_fail("");
+    }
+    c.hist = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
+    int *ids = (int *)kvt_malloc((size_t)TMAX * sizeof(int)); /* a --random model's turn: its ids */
+    float *logits = (float *)kvt_malloc((size_t)V * sizeof(float));
+    kvt_sampler sm;
+    kvt_sampler_init(&sm, V, (float)a->temperature, (float)a->topp, (uint64_t)a->seed);
+    kvt_seq s;
+    kvt_seq_init(e, &s);
+    char *line = NULL;
+    size_t line_cap = 0;
+    int turn = 0, full = 0;
+    long all_computed = 0;
+    while (st == KVT_OK && !full) {
+        const char *text = a->prompt;
+        if (turn > 0 || !first_given) {
+            if (tty) { printf("User: "); fflush(stdout); }
+            ssize_t got = getline(&line, &line_cap, stdin);
+            if (got < 0) {
+                if (ferror(stdin)) st = kvt_fail(KVT_EIO, "--chat: reading standard input failed: %s", strerror(errno));
+                if (tty) printf("\n"); /* after the prompt */
+                break; /* the end of the input: the conversation is over */
+            }
+            if ((size_t)got != strlen(line)) { st = kvt_fail(KVT_EARG, "--chat: turn %d: a NUL byte", turn + 1); break; }
+            line[strcspn(line, "\r\n")] = '\0';
+            if (!line[0]) continue; /* an empty line is no turn */
+            text = line;
+        }
+        /* the turn's tokens: wrapped by the template, or (--random) a line of ids taken as they are */
+        int *tt = ids, nt = 0;
+        st = tk ? chat_render(&c, tk, turn, a->system, text, &tt, &nt) : parse_tokens(text, V, TMAX, ids, &nt);
+        if (st != KVT_OK) {
+            char msg[sizeof(kvt_errbuf)];
+            snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
+            st = kvt_fail(st, "--chat: turn %d%s: %s", turn + 1, tk ? "" : " (a line of token ids)", msg);
+            break;
+        }
+        if (c.n + nt > c.room) {
+            fflush(stdout);
+            fprintf(stderr, "kvt: the context is full: turn %d is %d positions and %d of the %d are left%s; the "
+                    "conversation ends here\n", turn + 1, nt, c.room - c.n, c.room, c.room < TMAX ? " (--chunks)" : "");
+            full = 1;
+        } else { /* what the user sees: the turn as the model reads it (plain), or labelled */
+            if (!tty || (turn == 0 && first_given)) {
+                if (c.tpl == TPL_PLAIN && turn == 0 && a->system && a->system[0]) printf("%s\n", a->system);
+                printf(c.tpl == TPL_PLAIN ? "%s\n" : "User: %s\n", text);
+            }
+            memcpy(c.hist + c.n, tt, (size_t)nt * sizeof(int));
+        }
+        if (tt != ids) free(tt);
+        if (full) break;
+        int reused = e->o.kv_cache ? c.n : 0, calls0 = c.calls, n_reply = 0, at_line_start = 1;
+        long computed0 = c.computed;
+        double t0 = kvt_now();
+        c.n += nt;
+        turn++;
+        st = chat_feed(e, &s, a, &c, logits);
+        if (st == KVT_OK)
+            st = trace_step(a, e, "after turn %d: seq %d, %d new positions (the turn), %d read from the cache", turn,
+                            s.id, nt, reused);
+        if (c.tpl != TPL_PLAIN) printf("Assistant: ");
+        for (int g = 0; g < a->steps && st == KVT_OK; g++) {
+            long bad = kvt_first_nonfinite(logits, (size_t)V);
+            if (bad >= 0) {
+                st = kvt_fail(KVT_EFORMAT, "turn %d, reply token %d: logit %ld is %g, not a finite number: NaN or Inf in "
+                              "the weights?", turn, g + 1, bad, logits[bad]);
+                break;
+            }
+            int next = kvt_sample(&sm, logits, V);
+            int end = tk && (c.tpl == TPL_PLAIN ? next == KVT_BOS || next == KVT_EOS : next == c.eos);
+            if (end && c.tpl == TPL_PLAIN) break; /* as without --chat: a marker the text does not show */
+            if (c.n == c.room) { full = 2; break; }
+            c.hist[c.n++] = next;
+            n_reply++;
+            if (end) break; /* the template's end marker: in the transcript (fed below), not printed */
+            print_token(tk, c.hist[c.n - 2], next);
+            const char *piece = tk ? kvt_decode(tk, c.hist[c.n - 2], next) : "";
+            at_line_start = tk && piece[0] && piece[strlen(piece) - 1] == '\n'; /* ids ("1 5 ") end no line */
+            fflush(stdout);
+            if (g + 1 < a->steps) {
+                st = chat_feed(e, &s, a, &c, logits);
+                if (st == KVT_OK)
+                    st = trace_step(a, e, "after turn %d, reply token %d: seq %d, position %d", turn, g + 1, s.id,
+                                    c.n - 1);
+            }
+        }
+        if (st == KVT_OK && c.n > c.done) { /* the reply's last token, not fed yet */
+            st = chat_feed(e, &s, a, &c, logits);
+            if (st == KVT_OK)
+                st = trace_step(a, e, "after turn %d, the reply's last token: seq %d, position %d", turn, s.id, c.n - 1);
+        }
+        if (c.tpl != TPL_PLAIN || !at_line_start) printf("\n"); /* the next turn starts on a line of its own */
+        fflush(stdout);
+        all_computed += c.computed - computed0;
+        if (st == KVT_OK && a->stats)
+            chat_turn_stats(e, &c, turn, reused, c.computed - computed0, c.calls - calls0, nt, n_reply, kvt_now() - t0);
+        if (full)
+            fprintf(stderr, "kvt: the context is full (%d positions%s): the reply stops here and the conversation "
+                    "ends\n", c.room, c.room < TMAX ? ", --chunks" : "");
+    }
+    free(line);
+    for (int i = 0; dt && i < c.n; i++) fprintf(dt, "%d\n", c.hist[i]);
+    st = cli_close(c.dl, "--dump-logits", a->dump_logits, st);
+    st = cli_close(dt, "--dump-tokens", a->dump_tokens, st);
+    int rc = st == KVT_OK ? 0 : cli_fail("");
+    if (st == KVT_OK && a->stats) {
+        const kvt_seq *live = &s;
+        print_stats(e, &live, 1);
+        fprintf(stderr, "[stats] chat: %d turns, a transcript of %d positions; %ld positions computed in %d forward "
+                "calls (%s)\n", turn, c.n, all_computed, c.calls, e->o.kv_cache ? "the cache kept across turns"
+                : "--kv-cache off: every call recomputed the transcript");
+    }
+    kvt_seq_free(e, &s);
+    kvt_sampler_free(&sm);
+    free(c.hist);
+    free(c.rows);
+    free(ids);
+    free(logits);
+    return rc;
+}
+
 /* Read --prompts: one prompt per non-empty line, each encoded with BOS. Lines
  * may be of any length (getline); a NUL byte inside a line is refused (it
  * would cut the prompt short unseen); errors name the file's line number.
@@ -911,11 +1299,17 @@ static int cli_main(int argc, char **argv) {
     a.bench_every = 64;
     a.prompt_tokens = 8;
     a.fork_share = 1;
+    a.tpl = -1;
+    a.dump_attn_layer = -1;
     kvt_options_default(&a.o);
     int parsed = parse_args(&a, argc, argv);
     if (parsed == 2) { usage(stdout); return 0; }
     if (!parsed) { cli_fail(""); fprintf(stderr, "run 'kvt --help' for the flags\n"); return 1; }
     if (!cli_check_files(&a)) return cli_fail("");
+    struct stat sb; /* llama2.c's "-m chat" names a file here: say so, unless there is such a file */
+    if (!a.random && !a.model_pos && (!strcmp(a.model, "chat") || !strcmp(a.model, "generate")) && stat(a.model, &sb))
+        return kvt_fail(KVT_EARG, "-m %s: -m names the checkpoint here; llama2.c's -m %s is --mode %s (or --chat)",
+                        a.model, a.model, a.model), cli_fail("");
     if (!a.fork_share) a.o.prefix_reuse = 0; /* the independent baseline shares nothing at all */
 
     kvt_model m;
@@ -958,7 +1352,10 @@ static int cli_main(int argc, char **argv) {
             rc = 0;
         goto done;
     }
-    if (a.prompts) { /* several prompts, one batch */
+    if (a.chat) { /* the turns come later, from stdin: -n is per turn, the context is checked turn by turn */
+        n_prompts = 0;
+        if (a.steps < 0) a.steps = 256;
+    } else if (a.prompts) { /* several prompts, one batch */
         if (!tkp) { kvt_fail(KVT_EARG, "--prompts needs a tokenizer (not --random)"); goto done; }
         if ((n_prompts = read_prompts(a.prompts, tkp, TMAX, &prompts, &np)) < 1) {
             n_prompts = n_prompts < -1 ? -n_prompts - 2 : 0;
@@ -976,18 +1373,18 @@ static int cli_main(int argc, char **argv) {
     }
     for (int i = 0; i < n_prompts; i++) longest = np[i] > longest ? np[i] : longest;
     if (a.steps < 0) a.steps = TMAX - longest < 256 ? TMAX - longest : 256;
-    if (longest + a.steps > TMAX) {
+    if (!a.chat && longest + a.steps > TMAX) {
         kvt_fail(KVT_ECONTEXT, "-n %d: the %sprompt is %d tokens, so -n must be in [0, %d] (context TMAX = %d)", a.steps,
                  n_prompts > 1 ? "longest " : "", longest, TMAX - longest, TMAX);
         goto done;
     }
-    if (a.o.n_chunks > 0 && a.o.n_chunks < kvt_cdiv(longest + a.steps, a.o.CH)) { /* cache off: every step too */
+    if (!a.chat && a.o.n_chunks > 0 && a.o.n_chunks < kvt_cdiv(longest + a.steps, a.o.CH)) { /* cache off: every step too */
         kvt_fail(KVT_EPOOL, "--chunks %d: too small for one sequence of %d positions (prompt %d + -n %d), which needs "
                  "at least %d chunks of %d positions", a.o.n_chunks, longest + a.steps, longest, a.steps,
                  kvt_cdiv(longest + a.steps, a.o.CH), a.o.CH);
         goto done;
     }
-    n_seqs = a.fork > 1 ? a.fork : n_prompts;
+    n_seqs = a.fork > 1 ? a.fork : n_prompts > 1 ? n_prompts : 1;
     if (n_seqs > 1) {
         if (!a.o.kv_cache) { kvt_fail(KVT_EARG, "--prompts and --fork decode with the cache: drop --kv-cache off"); goto done; }
         if (a.check) { kvt_fail(KVT_EARG, "--check runs one sequence: drop --prompts/--fork"); goto done; }
@@ -998,14 +1395,27 @@ static int cli_main(int argc, char **argv) {
         kvt_fail(KVT_EIO, "--trace: cannot write '%s': %s", a.trace, strerror(errno));
         goto done;
     }
+    if (a.dump_attn) { /* the engine hands each forward's weights to attn_dump_rows */
+        if (!(a.attnf = fopen(a.dump_attn, "w"))) {
+            kvt_fail(KVT_EIO, "--dump-attn: cannot write '%s': %s", a.dump_attn, strerror(errno));
+            goto done;
+        }
+        fprintf(a.attnf, "query,layer,head,key,weight\n");
+        a.o.attn_probe = attn_dump_rows;
+        a.o.attn_ctx = &a;
+        a.o.attn_layer = a.dump_attn_layer;
+    }
     if ((st = kvt_engine_create(&e, &m, &a.o)) != KVT_OK) goto done;
     trace_start(a.tracef, e);
-    rc = n_seqs > 1 ? run_batch(e, &m, tkp, &a, prompts, np, n_seqs) : run_single(e, &m, tkp, &a, prompts[0], np[0]);
+    if (a.chat) rc = run_chat(e, &m, tkp, &a);
+    else if (n_seqs > 1) rc = run_batch(e, &m, tkp, &a, prompts, np, n_seqs);
+    else rc = run_single(e, &m, tkp, &a, prompts[0], np[0]);
     kvt_errbuf[0] = '\0'; /* the runners reported their own errors */
 done:
     if (a.tracef && a.tracef != stderr && cli_close(a.tracef, "--trace", a.trace, rc ? KVT_EIO : KVT_OK) != KVT_OK &&
         rc == 0)
         rc = 1;
+    if (a.attnf && cli_close(a.attnf, "--dump-attn", a.dump_attn, rc ? KVT_EIO : KVT_OK) != KVT_OK && rc == 0) rc = 1;
     if (rc && kvt_errbuf[0]) cli_fail("");
     for (int i = 0; i < n_prompts && prompts; i++) free(prompts[i]);
     free(prompts);

@@ -24,6 +24,10 @@ static int tok_lookup(const kvt_tokenizer *t, const char *str) {
     return hit ? hit->id : -1;
 }
 
+/* The public form of tok_lookup: an exact piece, as a chat template's markers
+ * ("<s>", "</s>") must be found; -1 when the vocabulary has no such piece. */
+int kvt_piece_id(const kvt_tokenizer *t, const char *piece) { return tok_lookup(t, piece); }
+
 void kvt_tokenizer_free(kvt_tokenizer *t) {
     if (t->vocab)
         for (int i = 0; i < t->vocab_size; i++) free(t->vocab[i]);
