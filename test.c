@@ -590,6 +590,26 @@ static void test_attention(int gpu) {
     }
 }
 
+/* The launch count (§2, kvt_launch_count) against launches counted by hand:
+ * attn_run writes the cache twice (layer 0, then layer 1: kv_write_kernel
+ * twice), then one naive GPU attention call launches its scores and values
+ * kernels once each and the fused kernel not at all; a name never launched
+ * counts 0. (The naive softmax kernel is left out: exercise 4 replaces it.) */
+static void test_launch_count(void) {
+    acase c = {4, 2, 16, 3, 64, 29, 5, KVT_FP32, 16};
+    const char *names[] = {"kv_write_kernel", "attn_scores_kernel", "attn_values_kernel", "attn_fused_kernel"};
+    long want[] = {2, 1, 1, 0}, got[4];
+    float *out = (float *)kvt_malloc((size_t)c.n * c.NH * c.HS * 4);
+    for (int i = 0; i < 4; i++) got[i] = -kvt_launch_count(names[i]);
+    attn_run(&c, 1, 0, 0, out, NULL, NULL);
+    for (int i = 0; i < 4; i++) got[i] += kvt_launch_count(names[i]);
+    expect(got[0] == want[0] && got[1] == want[1] && got[2] == want[2] && got[3] == want[3] &&
+           kvt_launch_count("no_such_kernel") == 0, "launch count: a naive gpu attention run launches %s %ld (want 2), "
+           "%s %ld (want 1), %s %ld (want 1), %s %ld (want 0); a kernel never launched counts %ld (want 0)",
+           names[0], got[0], names[1], got[1], names[2], got[2], names[3], got[3], kvt_launch_count("no_such_kernel"));
+    free(out);
+}
+
 /* A ragged batch in one call: rows of three sequences, each with its own chunk
  * table, length and positions (one decode row, a prefill of 19 rows, 3 rows of
  * a short sequence), through every attention path, against float64 attention
@@ -3550,6 +3570,7 @@ int main(int argc, char **argv) {
         test_swiglu_residual_embed(1);
         test_block_reduce();
         test_attention(1);
+        test_launch_count();
         test_attention_ragged(1);
         test_kv_write_bytes();
         test_gpu_matrix();
