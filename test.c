@@ -3283,6 +3283,7 @@ static void exercise_check(void) {
 }
 #elif KVT_EXERCISE == 4 /* the naive softmax as one warp with shuffles */
 static void exercise_check(void) {
+    if (!kvt_gpu_available()) { skip("exercise 4: its kernels need a CUDA device (or the C build's emulation)"); return; }
     int n = 3, NH = 2, TMAX = 70, lens[3] = {1, 33, 70};
     float *sc = frand((size_t)n * NH * TMAX, 6.0f, 31), *want = (float *)kvt_malloc((size_t)n * NH * TMAX * 4);
     for (int r = 0; r < n; r++)
@@ -3306,6 +3307,20 @@ static void exercise_check(void) {
                     "row=3,head=2,pos=70", TOL_OP, "TOL_OP"));
     buf_free(gpu, d); buf_free(gpu, dlen);
     free(sc); free(want); free(got);
+    /* The naive GPU path (attention_naive_gpu, §11) must launch it in place of
+     * attn_softmax_kernel: a kernel written but never launched passes the
+     * check above and every attention check below. One call, counted (§2). */
+    acase c = {4, 2, 16, 3, 64, 29, 5, KVT_FP32, 16};
+    float *out = (float *)kvt_malloc((size_t)c.n * c.NH * c.HS * 4);
+    long warp = -kvt_launch_count("attn_softmax_warp_kernel"), old = -kvt_launch_count("attn_softmax_kernel");
+    attn_run(&c, gpu, 0, 0, out, NULL, NULL);
+    warp += kvt_launch_count("attn_softmax_warp_kernel");
+    old += kvt_launch_count("attn_softmax_kernel");
+    expect(warp == 1, "exercise 4: one naive GPU attention call (attention_naive_gpu) launches attn_softmax_warp_kernel "
+           "once (launched: %ld)%s", warp, warp ? "" : " - attn_softmax_warp_kernel was NOT launched by the naive path");
+    expect(old == 0, "exercise 4: the naive GPU attention no longer launches the old attn_softmax_kernel (launched: "
+           "%ld)%s", old, old ? " - the warp kernel was to replace it" : "");
+    free(out);
     test_attention(1); /* and the naive attention that now uses it */
 }
 #elif KVT_EXERCISE == 5 /* top-k sampling */
