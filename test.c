@@ -7,7 +7,7 @@
  * Usage: ./test_kvt [path to the kvt binary, for the command-line checks]
  * Ends with "N passed, N failed, N skipped"; exits 1 on any failure. */
 #define KVT_NO_MAIN
-#if (defined(KVT_FUZZ) && KVT_FUZZ == 4) || (defined(KVT_EXERCISE) && KVT_EXERCISE == 1)
+#if (defined(KVT_FUZZ) && KVT_FUZZ == 4) || (defined(KVT_EXERCISE) && (KVT_EXERCISE == 1 || KVT_EXERCISE == 5))
 #define KVT_CLI /* the command-line parser too (§20), without main */
 #pragma GCC diagnostic ignored "-Wunused-function" /* the runners that only main calls */
 #endif
@@ -3324,6 +3324,43 @@ static void exercise_check(void) {
     test_attention(1); /* and the naive attention that now uses it */
 }
 #elif KVT_EXERCISE == 5 /* top-k sampling */
+#include <fcntl.h> /* open: /dev/null for the generated ids run_single prints */
+/* Top-k, then top-p, on 6 tokens of known probabilities: draws from the
+ * sampler's own code, counted per token, against shares worked out by hand. */
+static void ex5_topk_topp(int k, float topp, const int *allowed, const double *share, int n_allowed) {
+    /* token:       0     1     2     3     4     5     (sorted: 1, 3, 4, 0, 5, 2) */
+    double p[6] = {0.10, 0.40, 0.04, 0.25, 0.15, 0.06};
+    float lg[6], tmp[6];
+    int counts[6] = {0}, draws = 4000, bad = -1;
+    for (int i = 0; i < 6; i++) lg[i] = (float)log(p[i]); /* softmax at temperature 1 gives p back */
+    kvt_sampler s;
+    kvt_sampler_init(&s, 6, 1.0f, topp, 11);
+    s.topk = k;
+    for (int i = 0; i < draws; i++) { memcpy(tmp, lg, sizeof(lg)); counts[kvt_sample(&s, tmp, 6)]++; }
+    kvt_sampler_free(&s);
+    char may[32] = "";
+    for (int a = 0; a < n_allowed; a++) snprintf(may + strlen(may), sizeof(may) - strlen(may), "%s%d", a ? ", " : "", allowed[a]);
+    for (int t = 0; t < 6; t++) {
+        int ok = 0;
+        for (int a = 0; a < n_allowed; a++) ok |= allowed[a] == t;
+        if (!ok && counts[t] && bad < 0) bad = t;
+    }
+    if (bad >= 0) {
+        expect(0, "exercise 5: top-k %d then top-p %.2f drew token %d (probability %.2f) %d times in %d draws: it "
+               "should not have been drawn (only tokens %s may be)", k, topp, bad, p[bad], counts[bad], draws, may);
+        return;
+    }
+    /* 4000 draws: a share's standard deviation is at most 0.008, so 0.04 is 5 of them */
+    int near = 1;
+    char got[128] = "";
+    for (int a = 0; a < n_allowed; a++) {
+        double f = (double)counts[allowed[a]] / draws;
+        near &= fabs(f - share[a]) < 0.04;
+        snprintf(got + strlen(got), sizeof(got) - strlen(got), "%stoken %d %.3f (want %.3f)", a ? ", " : "",
+                 allowed[a], f, share[a]);
+    }
+    expect(near, "exercise 5: top-k %d then top-p %.2f draws only the allowed tokens, in proportion: %s", k, topp, got);
+}
 static void exercise_check(void) {
     float lg[6] = {1, 5, 2, 4.9f, 0, -1}, tmp[6];
     int counts[6] = {0}, a[200], b[200];
@@ -3347,6 +3384,70 @@ static void exercise_check(void) {
         kvt_sampler_free(&s);
     }
     expect(!memcmp(a, b, sizeof(a)), "exercise 5: top-k 0 changes nothing");
+    /* Top-k then top-p, probabilities sorted 0.40 (token 1), 0.25 (3), 0.15 (4),
+     * 0.10 (0), 0.06 (5), 0.04 (2). k 3 keeps 0.40 + 0.25 + 0.15 = 0.80; then
+     * p 0.85 keeps all three (top-p alone would keep token 0 too: 0.90 > 0.85
+     * is first reached with it), drawn as 0.40/0.80, 0.25/0.80, 0.15/0.80;
+     * p 0.6 keeps two (0.40 + 0.25 = 0.65 > 0.6), drawn as 0.40/0.65, 0.25/0.65.
+     * (Top-p on the renormalized top 3, 0.50, 0.8125, 1, keeps the same.) */
+    int keep[3] = {1, 3, 4};
+    double share3[3] = {0.40 / 0.80, 0.25 / 0.80, 0.15 / 0.80}, share2[2] = {0.40 / 0.65, 0.25 / 0.65};
+    ex5_topk_topp(3, 0.85f, keep, share3, 3);
+    ex5_topk_topp(3, 0.6f, keep, share2, 2);
+    /* The flag: --topk 5 through the command-line parser, then a generation
+     * (run_single, §20) at temperature 5 (nearly flat: without top-k any of
+     * the 53 tokens comes up) whose every drawn token must be among the 5
+     * highest logits of the step that drew it, and the 5th must come up. */
+    const char *lpath = tmp_file("ex5_logits.f32"), *tpath = tmp_file("ex5_ids.txt");
+    char *argv[] = {(char *)"kvt", (char *)"-n", (char *)"40", (char *)"-t", (char *)"5", (char *)"-p", (char *)"1",
+                    (char *)"--topk", (char *)"5", (char *)"-s", (char *)"7", (char *)"--dump-logits", (char *)lpath,
+                    (char *)"--dump-tokens", (char *)tpath, NULL};
+    kvt_cli cli;
+    memset(&cli, 0, sizeof(cli));
+    kvt_options_default(&cli.o);
+    int parsed = parse_args(&cli, 15, argv);
+    if (!expect(parsed == 1, "exercise 5, command line: kvt -n 40 -t 5 -p 1 --topk 5 is accepted%s%s", parsed == 1 ? "" :
+                ": ", parsed == 1 ? "" : kvt_errbuf))
+        return;
+    cli.o.device = KVT_CPU;
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 2, 4, 2, 64, 53, 64), 23) == KVT_OK);
+    kvt_engine *e;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &cli.o) == KVT_OK);
+    int np = 4, V = 53, steps = 40, prompt[4], ids[64];
+    kvt_fake_tokens(prompt, np, V);
+    fflush(stdout); /* run_single prints the ids it generates: not here */
+    int out = dup(1), null = open("/dev/null", O_WRONLY);
+    KVT_ASSERT(out >= 0 && null >= 0 && dup2(null, 1) == 1);
+    int rc = run_single(e, &m, NULL, &cli, prompt, np);
+    fflush(stdout);
+    KVT_ASSERT(dup2(out, 1) == 1);
+    close(out);
+    close(null);
+    size_t bytes = 0;
+    float *rows = (float *)read_all(lpath, &bytes);
+    int n_ids = read_ints(tpath, ids, 64), worst = -1, outside = -1, outside_rank = 0;
+    /* the files: a row of logits per position but the last (whose token was drawn, not fed), and every id */
+    if (expect(rc == 0 && rows && bytes == (size_t)(np + steps - 1) * V * 4 && n_ids == np + steps, "exercise 5, "
+               "command line: the run wrote %d rows of logits and %d ids (want %d and %d)", rows ? (int)(bytes / (V * 4))
+               : 0, n_ids, np + steps - 1, np + steps)) {
+        for (int j = np; j < np + steps; j++) { /* token j was drawn from the logits of row j - 1 */
+            const float *row = rows + (size_t)(j - 1) * V;
+            int rank = 0; /* how many tokens had a higher logit */
+            for (int v = 0; v < V; v++) rank += row[v] > row[ids[j]];
+            worst = rank > worst ? rank : worst;
+            if (rank >= 5 && outside < 0) { outside = j; outside_rank = rank + 1; }
+        }
+        if (outside >= 0)
+            expect(0, "exercise 5, command line: --topk 5, yet step %d drew token %d, number %d by logit: it should not "
+                   "have been drawn (does the flag reach the sampler?)", outside - np + 1, ids[outside], outside_rank);
+        else
+            expect(worst == 4, "exercise 5, command line: with --topk 5 all %d drawn tokens are among the 5 most likely "
+                   "and the 5th comes up (the least likely drawn: number %d by logit)", steps, worst + 1);
+    }
+    free(rows);
+    kvt_engine_free(e);
+    kvt_model_free(&m);
 }
 #elif KVT_EXERCISE == 6 /* measure where the cache wins by 10x */
 static void exercise_check(void) {
