@@ -3144,10 +3144,13 @@ static void test_sampler(void) {
 #if KVT_EXERCISE == 1 /* sliding window + attention sinks */
 static void exercise_check(void) {
     int ws[][2] = {{8, 0}, {5, 3}, {1, 1}, {300, 2}};
+    /* the last case is one fp32 decode row: the CPU's fused path sums its V
+     * rows in a loop of its own (tile_v_rows_cpu, cpu/attention.c), and with
+     * window 8 its first tile of 32 keys lies wholly outside the window */
     acase cases[] = {{4, 2, 16, 3, 64, 40, 5, KVT_FP32, 16}, {4, 2, 32, 5, 64, 60, 3, KVT_INT8, 8},
-                     {2, 1, 64, 16, 256, 200, 2, KVT_FP16, 64}};
+                     {2, 1, 64, 16, 256, 200, 2, KVT_FP16, 64}, {8, 2, 16, 5, 64, 50, 1, KVT_FP32, 16}};
     for (int w = 0; w < 4; w++)
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             acase *c = &cases[i];
             ex_window = ws[w][0];
             ex_sinks = ws[w][1];
@@ -3159,9 +3162,11 @@ static void exercise_check(void) {
             for (int gpu = 0; gpu < 1 + kvt_gpu_available(); gpu++)
                 for (int mode = 0; mode < 3; mode++) {
                     attn_run(c, gpu, mode > 0, mode == 2 ? 16 : 0, got, NULL, NULL);
-                    char what[160];
-                    snprintf(what, sizeof(what), "exercise 1: %s %s, window %d, sinks %d, T %d, %s", gpu ? "gpu" : "cpu",
-                             mode == 0 ? "naive" : mode == 1 ? "fused" : "fused split 16", ex_window, ex_sinks, c->T,
+                    char what[200];
+                    int one_row = !gpu && mode > 0 && c->n == 1 && c->dt == KVT_FP32;
+                    snprintf(what, sizeof(what), "exercise 1: %s %s%s, window %d, sinks %d, T %d, rows %d, %s",
+                             gpu ? "GPU" : "CPU", mode == 0 ? "naive" : mode == 1 ? "fused" : "fused split 16",
+                             one_row ? ", one fp32 decode row (tile_v_rows_cpu)" : "", ex_window, ex_sinks, c->T, c->n,
                              kvt_dtype_name(c->dt));
                     tally(kvt_check(what, got, ref, (long)no, "row=64,head=64,ch=1024", TOL_ATTN, "TOL_ATTN"));
                 }
