@@ -258,8 +258,10 @@ exercise: deps
 	    awk '{ k = $$0; sub(/^[^ ]*: /, "", k); if (!seen[k]++) print }' | head -8; exit 1; fi; \
 	$$d/exercise_$(N)
 
+# The checks against the reference and wrong solutions, on the pristine commit
+# (exercises/selftest.sh says which; BASE=<commit> names it).
 exercises-selftest:
-	bash exercises/selftest.sh
+	BASE='$(BASE)' bash exercises/selftest.sh
 
 # docs/GDB.md's gdb sessions (.ci/walkthrough.sh) and the captured --trace output (.ci/see-it.sh)
 walkthrough: debug kvt
