@@ -42,8 +42,8 @@ else
   done
   if [ -z "$base" ]; then base=$(git rev-parse HEAD) && why="HEAD (no upstream, no origin)" || exit 2; fi
 fi
-echo "exercises-selftest: testing commit $(git log -1 --format='%h %s' "$base" | cut -c1-80)"
-echo "  ($why; not the working tree, not commits made since)"
+echo "exercises-selftest: testing commit $(git rev-parse --short "$base"), $why (not the working tree, nor commits made"
+echo "  since): $(git log -1 --format=%s "$base" | cut -c1-100)"
 
 # Refuse a tree that already holds a solution.
 tmp=$(mktemp -d)
@@ -95,7 +95,8 @@ for n in 1 2 3 4 5; do
   done
   if [ -z "$verdict" ] && [ "$wrong" -lt 2 ]; then verdict="FAIL exercise $n: fewer than 2 wrong solutions in exercises/wrong/"; fi
   if [ -z "$verdict" ]; then
-    verdict="PASS exercise $n: the check fails before ('$(grep -m1 -o 'not done yet.*' "$tmp/before.log")'), passes with the reference solution ($(tail -1 "$tmp/after.log")) and rejects $wrong wrong ones"
+    missing=$(sed -n '/not done yet/{n;p;q}' "$tmp/before.log" | sed 's/^[^ ]*: //')
+    verdict="PASS exercise $n: the check fails before (not done yet: $missing), passes with the reference solution ($(tail -1 "$tmp/after.log")) and rejects $wrong wrong ones"
     passed=$((passed + 1))
   fi
   echo "$verdict"
