@@ -3455,6 +3455,36 @@ static void exercise_check(void) {
     kvt_model_free(&m);
 }
 #elif KVT_EXERCISE == 6 /* measure where the cache wins by 10x */
+/* Timing that gives the same verdict on a quiet and on a busy machine:
+ *  - one thread (omp_set_num_threads(1)): with two, the recompute's row loops
+ *    (rope, kv write, §10) start an OpenMP team from 9 rows on, whose start
+ *    costs more than this tiny model's rows (the cache-off column more than
+ *    doubled from 8 to 12 positions; the sgemm of 32 rows and more, §9, too),
+ *    and a busy machine delays the team's second thread by whole time slices;
+ *  - every position from 1 to 128 (then every 8th), and each one timed
+ *    EX6_REPS times, all positions in each round, in a new order each
+ *    round: a burst of load, even a periodic one, lands on a few positions
+ *    of one round, and the median of each position's rounds drops it;
+ *  - the crossover and the accepted range are read off the whole measured
+ *    curve (ex6_first_from), not off one position. */
+#define EX6_REPS 15
+static int ex6_cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+/* The position from which the cached step is at least `times` faster: the
+ * split of the measured positions into "below" and "from it on" that the
+ * fewest medians contradict (a stray slow or fast position does not move it).
+ * -1: the cache never wins that much up to the last position measured. */
+static int ex6_first_from(const int *pos, const double *ratio, int np, double times) {
+    int best = 0, wrong = 0; /* split k: positions 0 .. k-1 below, k .. np-1 from it on */
+    for (int i = 0; i < np; i++) wrong += ratio[i] < times; /* k = 0: every one should be >= times */
+    for (int k = 1, w = wrong; k <= np; k++) {
+        w += ratio[k - 1] < times ? -1 : 1; /* position k - 1 moves to "below" */
+        if (w < wrong) { wrong = w; best = k; } /* the first of equally good splits */
+    }
+    return best < np ? pos[best] : -1;
+}
 static void exercise_check(void) {
     const char *ans = getenv("KVT_ANSWER");
     kvt_model m;
@@ -3465,37 +3495,72 @@ static void exercise_check(void) {
     on.prefix_reuse = 0;
     off = on;
     off.kv_cache = 0;
-    int toks[256], positions[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 250}, np = 16, cross = -1;
+    int threads = omp_get_max_threads(), toks[256], pos[160], np = 0;
+    for (int T = 1; T <= 250; T += T < 128 ? 1 : 8) pos[np++] = T;
+    double *t_on = (double *)kvt_malloc((size_t)EX6_REPS * np * sizeof(double));
+    double *t_off = (double *)kvt_malloc((size_t)EX6_REPS * np * sizeof(double)), med[2][160], ratio[160];
     float lg[20];
     kvt_fake_tokens(toks, 256, 20);
-    printf("exercise 6: microseconds per step on the CPU, model --random 16,1,2,1,32,20,256\n%8s %10s %10s %8s\n",
-           "position", "cache on", "cache off", "off/on");
-    for (int i = 0; i < np; i++) {
-        int T = positions[i];
-        double best[2] = {1e9, 1e9};
-        for (int c = 0; c < 2; c++)
-            for (int rep = 0; rep < 7; rep++) {
-                kvt_engine *e;
-                kvt_seq s;
-                KVT_ASSERT(kvt_engine_create(&e, &m, c ? &off : &on) == KVT_OK);
-                kvt_seq_init(e, &s);
-                if (c == 0 && T > 1) KVT_ASSERT(kvt_forward(e, &s, toks, T - 1, lg, 0) == KVT_OK);
-                double t0 = kvt_now();
-                KVT_ASSERT(kvt_step(e, &s, toks, T, lg) == KVT_OK);
-                best[c] = fmin(best[c], kvt_now() - t0);
-                kvt_seq_free(e, &s);
-                kvt_engine_free(e);
+    kvt_engine *e_on, *e_off;
+    kvt_seq s_on, s_off;
+    KVT_ASSERT(kvt_engine_create(&e_on, &m, &on) == KVT_OK && kvt_engine_create(&e_off, &m, &off) == KVT_OK);
+    kvt_seq_init(e_on, &s_on);
+    kvt_seq_init(e_off, &s_off);
+    omp_set_num_threads(1);
+    int order[160];
+    uint64_t shuffle = 6;
+    for (int i = 0; i < np; i++) order[i] = i;
+    for (int rep = 0; rep < EX6_REPS; rep++)
+        for (int n = np; n > 0; n--) { /* this round's positions, in a new order (Fisher-Yates) */
+            int j = (int)(kvt_rng_f32(&shuffle) * (float)n), i = order[j < n ? j : n - 1];
+            order[j < n ? j : n - 1] = order[n - 1];
+            order[n - 1] = i;
+            int T = pos[i];
+            kvt_seq_reset(e_on, &s_on); /* cache on: positions 0 .. T-2 cached, then the step at T-1 */
+            if (T > 1) KVT_ASSERT(kvt_forward(e_on, &s_on, toks, T - 1, lg, 0) == KVT_OK);
+            else { /* nothing to prefill: an untimed step warms the same code, as a prefill does */
+                KVT_ASSERT(kvt_step(e_on, &s_on, toks, 1, lg) == KVT_OK);
+                kvt_seq_reset(e_on, &s_on);
             }
-        printf("%8d %10.1f %10.1f %8.1f\n", T, 1e6 * best[0], 1e6 * best[1], best[1] / best[0]);
-        if (best[0] * 10 < best[1]) { if (cross < 0) cross = T; } /* the cache wins by 10x */
-        else cross = -1;
+            double t0 = kvt_now();
+            KVT_ASSERT(kvt_step(e_on, &s_on, toks, T, lg) == KVT_OK);
+            t_on[(size_t)i * EX6_REPS + rep] = kvt_now() - t0;
+            t0 = kvt_now(); /* cache off: the same step recomputes all T positions */
+            KVT_ASSERT(kvt_step(e_off, &s_off, toks, T, lg) == KVT_OK);
+            t_off[(size_t)i * EX6_REPS + rep] = kvt_now() - t0;
+        }
+    omp_set_num_threads(threads);
+    for (int i = 0; i < np; i++) {
+        qsort(t_on + (size_t)i * EX6_REPS, EX6_REPS, sizeof(double), ex6_cmp);
+        qsort(t_off + (size_t)i * EX6_REPS, EX6_REPS, sizeof(double), ex6_cmp);
+        med[0][i] = t_on[(size_t)i * EX6_REPS + EX6_REPS / 2];
+        med[1][i] = t_off[(size_t)i * EX6_REPS + EX6_REPS / 2];
+        ratio[i] = med[1][i] / med[0][i];
     }
-    printf("measured: from position %d on, the cached step is more than 10x faster than recomputing\n", cross);
-    int guess = ans ? atoi(ans) : -1;
-    expect(ans && cross > 0 && guess >= cross / 2 && guess <= cross * 2,
-           "exercise 6: your answer KVT_ANSWER=%s %s within a factor 2 of the measured crossover %d (accepted: %d to %d)",
-           ans ? ans : "(unset)", ans && cross > 0 && guess >= cross / 2 && guess <= cross * 2 ? "is" : "is NOT", cross,
-           cross / 2, cross * 2);
+    printf("exercise 6: microseconds per step on one CPU thread (median of %d), model --random 16,1,2,1,32,20,256\n"
+           "%8s %10s %10s %8s\n", EX6_REPS, "position", "cache on", "cache off", "off/on");
+    int shown[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 248}; /* of the np measured */
+    for (int i = 0, k = 0; i < np && k < 16; i++)
+        if (pos[i] == shown[k]) {
+            printf("%8d %10.1f %10.1f %8.1f\n", pos[i], 1e6 * med[0][i], 1e6 * med[1][i], ratio[i]);
+            k++;
+        }
+    /* The verdict: a factor 2 either side of 10x, read off this machine's
+     * curve: the answer is accepted where the cache wins by 5x to 20x. */
+    int cross = ex6_first_from(pos, ratio, np, 10.0), lo = ex6_first_from(pos, ratio, np, 5.0);
+    int hi = ex6_first_from(pos, ratio, np, 20.0), guess = ans ? atoi(ans) : -1;
+    if (hi < 0) hi = pos[np - 1];
+    printf("measured: from position %d on, the cached step is more than 10x faster than recomputing\n"
+           "(5x from position %d, 20x from %d: the answers accepted, a factor 2 either side of 10x)\n", cross, lo, hi);
+    int ok = ans && cross > 0 && lo > 0 && guess >= lo && guess <= hi;
+    expect(ok, "exercise 6: your answer KVT_ANSWER=%s %s between %d and %d, where the cache wins by 5x to 20x (measured "
+           "10x crossover: %d)", ans ? ans : "(unset)", ok ? "is" : "is NOT", lo, hi, cross);
+    kvt_seq_free(e_on, &s_on);
+    kvt_seq_free(e_off, &s_off);
+    kvt_engine_free(e_on);
+    kvt_engine_free(e_off);
+    free(t_on);
+    free(t_off);
     kvt_model_free(&m);
 }
 #endif
