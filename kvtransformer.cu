@@ -188,6 +188,29 @@ static double kvt_now(void) { /* seconds, monotonic */
 #define KVT_MAX_ROWS 4096   /* most rows (new tokens) in one forward call */
 #define KVT_MAX_SEQS 4096   /* most sequences in one engine (max_seqs) */
 
+/* Launches per kernel, counted by name in both builds (KVT_LAUNCH calls
+ * kvt_launch_counted), so a test can ask whether a path really ran a kernel:
+ * kvt_launch_count("attn_softmax_warp_kernel") (exercise 4). A small table in
+ * first-launch order; a launch costs a scan of at most a few names, nothing
+ * next to the launch itself. Launches come from one host thread: no locking. */
+#define KVT_MAX_KERNELS 32 /* room for every kernel of the file, twice over */
+static struct { const char *name; long count; } kvt_launches[KVT_MAX_KERNELS];
+static void kvt_launch_counted(const char *name) { /* name: #kernel, a literal that outlives the table */
+    for (int i = 0; i < KVT_MAX_KERNELS; i++)
+        if (!kvt_launches[i].name || kvt_launches[i].name == name || !strcmp(kvt_launches[i].name, name)) {
+            kvt_launches[i].name = name;
+            kvt_launches[i].count++;
+            return;
+        }
+    kvt_fatal(__FILE__, __LINE__, "kernel %s: more than KVT_MAX_KERNELS kernel names launched", name);
+}
+/* How many times the kernel of that name was launched so far (0: never). */
+static __attribute__((unused)) long kvt_launch_count(const char *name) {
+    for (int i = 0; i < KVT_MAX_KERNELS && kvt_launches[i].name; i++)
+        if (!strcmp(kvt_launches[i].name, name)) return kvt_launches[i].count;
+    return 0;
+}
+
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #define KVT_THREADS 128 /* threads per block for row kernels */
@@ -207,6 +230,7 @@ static void kvt_launch_check(const char *name, const char *file, int line) {
 /* The one place the two builds differ in how a kernel is started. */
 #define KVT_LAUNCH(kernel, gx, gy, bx, ...)                                   \
     do {                                                                      \
+        kvt_launch_counted(#kernel);                                          \
         kernel<<<dim3((gx), (gy)), (bx)>>>(__VA_ARGS__);                      \
         kvt_launch_check(#kernel, __FILE__, __LINE__);                        \
     } while (0)
@@ -283,6 +307,7 @@ static void emu_block_begin(int b) {
  * overwriting __shared__ arrays) while others still use them. */
 #define KVT_LAUNCH(kernel, gx, gy, bx, ...)                                   \
     do {                                                                      \
+        kvt_launch_counted(#kernel);                                          \
         emu_launch_begin(#kernel, (gx), (gy), (bx));                          \
         _Pragma("omp parallel num_threads(blockDim.x)")                       \
         {                                                                     \

@@ -7,7 +7,7 @@
  * Usage: ./test_kvt [path to the kvt binary, for the command-line checks]
  * Ends with "N passed, N failed, N skipped"; exits 1 on any failure. */
 #define KVT_NO_MAIN
-#if (defined(KVT_FUZZ) && KVT_FUZZ == 4) || (defined(KVT_EXERCISE) && KVT_EXERCISE == 1)
+#if (defined(KVT_FUZZ) && KVT_FUZZ == 4) || (defined(KVT_EXERCISE) && (KVT_EXERCISE == 1 || KVT_EXERCISE == 5))
 #define KVT_CLI /* the command-line parser too (§20), without main */
 #pragma GCC diagnostic ignored "-Wunused-function" /* the runners that only main calls */
 #endif
@@ -588,6 +588,26 @@ static void test_attention(int gpu) {
         }
         free(K); free(V); free(ref); free(naive_cpu); free(got);
     }
+}
+
+/* The launch count (§2, kvt_launch_count) against launches counted by hand:
+ * attn_run writes the cache twice (layer 0, then layer 1: kv_write_kernel
+ * twice), then one naive GPU attention call launches its scores and values
+ * kernels once each and the fused kernel not at all; a name never launched
+ * counts 0. (The naive softmax kernel is left out: exercise 4 replaces it.) */
+static void test_launch_count(void) {
+    acase c = {4, 2, 16, 3, 64, 29, 5, KVT_FP32, 16};
+    const char *names[] = {"kv_write_kernel", "attn_scores_kernel", "attn_values_kernel", "attn_fused_kernel"};
+    long want[] = {2, 1, 1, 0}, got[4];
+    float *out = (float *)kvt_malloc((size_t)c.n * c.NH * c.HS * 4);
+    for (int i = 0; i < 4; i++) got[i] = -kvt_launch_count(names[i]);
+    attn_run(&c, 1, 0, 0, out, NULL, NULL);
+    for (int i = 0; i < 4; i++) got[i] += kvt_launch_count(names[i]);
+    expect(got[0] == want[0] && got[1] == want[1] && got[2] == want[2] && got[3] == want[3] &&
+           kvt_launch_count("no_such_kernel") == 0, "launch count: a naive gpu attention run launches %s %ld (want 2), "
+           "%s %ld (want 1), %s %ld (want 1), %s %ld (want 0); a kernel never launched counts %ld (want 0)",
+           names[0], got[0], names[1], got[1], names[2], got[2], names[3], got[3], kvt_launch_count("no_such_kernel"));
+    free(out);
 }
 
 /* A ragged batch in one call: rows of three sequences, each with its own chunk
@@ -3124,10 +3144,13 @@ static void test_sampler(void) {
 #if KVT_EXERCISE == 1 /* sliding window + attention sinks */
 static void exercise_check(void) {
     int ws[][2] = {{8, 0}, {5, 3}, {1, 1}, {300, 2}};
+    /* the last case is one fp32 decode row: the CPU's fused path sums its V
+     * rows in a loop of its own (tile_v_rows_cpu, cpu/attention.c), and with
+     * window 8 its first tile of 32 keys lies wholly outside the window */
     acase cases[] = {{4, 2, 16, 3, 64, 40, 5, KVT_FP32, 16}, {4, 2, 32, 5, 64, 60, 3, KVT_INT8, 8},
-                     {2, 1, 64, 16, 256, 200, 2, KVT_FP16, 64}};
+                     {2, 1, 64, 16, 256, 200, 2, KVT_FP16, 64}, {8, 2, 16, 5, 64, 50, 1, KVT_FP32, 16}};
     for (int w = 0; w < 4; w++)
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             acase *c = &cases[i];
             ex_window = ws[w][0];
             ex_sinks = ws[w][1];
@@ -3139,9 +3162,11 @@ static void exercise_check(void) {
             for (int gpu = 0; gpu < 1 + kvt_gpu_available(); gpu++)
                 for (int mode = 0; mode < 3; mode++) {
                     attn_run(c, gpu, mode > 0, mode == 2 ? 16 : 0, got, NULL, NULL);
-                    char what[160];
-                    snprintf(what, sizeof(what), "exercise 1: %s %s, window %d, sinks %d, T %d, %s", gpu ? "gpu" : "cpu",
-                             mode == 0 ? "naive" : mode == 1 ? "fused" : "fused split 16", ex_window, ex_sinks, c->T,
+                    char what[200];
+                    int one_row = !gpu && mode > 0 && c->n == 1 && c->dt == KVT_FP32;
+                    snprintf(what, sizeof(what), "exercise 1: %s %s%s, window %d, sinks %d, T %d, rows %d, %s",
+                             gpu ? "GPU" : "CPU", mode == 0 ? "naive" : mode == 1 ? "fused" : "fused split 16",
+                             one_row ? ", one fp32 decode row (tile_v_rows_cpu)" : "", ex_window, ex_sinks, c->T, c->n,
                              kvt_dtype_name(c->dt));
                     tally(kvt_check(what, got, ref, (long)no, "row=64,head=64,ch=1024", TOL_ATTN, "TOL_ATTN"));
                 }
@@ -3263,6 +3288,7 @@ static void exercise_check(void) {
 }
 #elif KVT_EXERCISE == 4 /* the naive softmax as one warp with shuffles */
 static void exercise_check(void) {
+    if (!kvt_gpu_available()) { skip("exercise 4: its kernels need a CUDA device (or the C build's emulation)"); return; }
     int n = 3, NH = 2, TMAX = 70, lens[3] = {1, 33, 70};
     float *sc = frand((size_t)n * NH * TMAX, 6.0f, 31), *want = (float *)kvt_malloc((size_t)n * NH * TMAX * 4);
     for (int r = 0; r < n; r++)
@@ -3286,9 +3312,60 @@ static void exercise_check(void) {
                     "row=3,head=2,pos=70", TOL_OP, "TOL_OP"));
     buf_free(gpu, d); buf_free(gpu, dlen);
     free(sc); free(want); free(got);
+    /* The naive GPU path (attention_naive_gpu, §11) must launch it in place of
+     * attn_softmax_kernel: a kernel written but never launched passes the
+     * check above and every attention check below. One call, counted (§2). */
+    acase c = {4, 2, 16, 3, 64, 29, 5, KVT_FP32, 16};
+    float *out = (float *)kvt_malloc((size_t)c.n * c.NH * c.HS * 4);
+    long warp = -kvt_launch_count("attn_softmax_warp_kernel"), old = -kvt_launch_count("attn_softmax_kernel");
+    attn_run(&c, gpu, 0, 0, out, NULL, NULL);
+    warp += kvt_launch_count("attn_softmax_warp_kernel");
+    old += kvt_launch_count("attn_softmax_kernel");
+    expect(warp == 1, "exercise 4: one naive GPU attention call (attention_naive_gpu) launches attn_softmax_warp_kernel "
+           "once (launched: %ld)%s", warp, warp ? "" : " - attn_softmax_warp_kernel was NOT launched by the naive path");
+    expect(old == 0, "exercise 4: the naive GPU attention no longer launches the old attn_softmax_kernel (launched: "
+           "%ld)%s", old, old ? " - the warp kernel was to replace it" : "");
+    free(out);
     test_attention(1); /* and the naive attention that now uses it */
 }
 #elif KVT_EXERCISE == 5 /* top-k sampling */
+#include <fcntl.h> /* open: /dev/null for the generated ids run_single prints */
+/* Top-k, then top-p, on 6 tokens of known probabilities: draws from the
+ * sampler's own code, counted per token, against shares worked out by hand. */
+static void ex5_topk_topp(int k, float topp, const int *allowed, const double *share, int n_allowed) {
+    /* token:       0     1     2     3     4     5     (sorted: 1, 3, 4, 0, 5, 2) */
+    double p[6] = {0.10, 0.40, 0.04, 0.25, 0.15, 0.06};
+    float lg[6], tmp[6];
+    int counts[6] = {0}, draws = 4000, bad = -1;
+    for (int i = 0; i < 6; i++) lg[i] = (float)log(p[i]); /* softmax at temperature 1 gives p back */
+    kvt_sampler s;
+    kvt_sampler_init(&s, 6, 1.0f, topp, 11);
+    s.topk = k;
+    for (int i = 0; i < draws; i++) { memcpy(tmp, lg, sizeof(lg)); counts[kvt_sample(&s, tmp, 6)]++; }
+    kvt_sampler_free(&s);
+    char may[32] = "";
+    for (int a = 0; a < n_allowed; a++) snprintf(may + strlen(may), sizeof(may) - strlen(may), "%s%d", a ? ", " : "", allowed[a]);
+    for (int t = 0; t < 6; t++) {
+        int ok = 0;
+        for (int a = 0; a < n_allowed; a++) ok |= allowed[a] == t;
+        if (!ok && counts[t] && bad < 0) bad = t;
+    }
+    if (bad >= 0) {
+        expect(0, "exercise 5: top-k %d then top-p %.2f drew token %d (probability %.2f) %d times in %d draws: it "
+               "should not have been drawn (only tokens %s may be)", k, topp, bad, p[bad], counts[bad], draws, may);
+        return;
+    }
+    /* 4000 draws: a share's standard deviation is at most 0.008, so 0.04 is 5 of them */
+    int near = 1;
+    char got[128] = "";
+    for (int a = 0; a < n_allowed; a++) {
+        double f = (double)counts[allowed[a]] / draws;
+        near &= fabs(f - share[a]) < 0.04;
+        snprintf(got + strlen(got), sizeof(got) - strlen(got), "%stoken %d %.3f (want %.3f)", a ? ", " : "",
+                 allowed[a], f, share[a]);
+    }
+    expect(near, "exercise 5: top-k %d then top-p %.2f draws only the allowed tokens, in proportion: %s", k, topp, got);
+}
 static void exercise_check(void) {
     float lg[6] = {1, 5, 2, 4.9f, 0, -1}, tmp[6];
     int counts[6] = {0}, a[200], b[200];
@@ -3312,8 +3389,102 @@ static void exercise_check(void) {
         kvt_sampler_free(&s);
     }
     expect(!memcmp(a, b, sizeof(a)), "exercise 5: top-k 0 changes nothing");
+    /* Top-k then top-p, probabilities sorted 0.40 (token 1), 0.25 (3), 0.15 (4),
+     * 0.10 (0), 0.06 (5), 0.04 (2). k 3 keeps 0.40 + 0.25 + 0.15 = 0.80; then
+     * p 0.85 keeps all three (top-p alone would keep token 0 too: 0.90 > 0.85
+     * is first reached with it), drawn as 0.40/0.80, 0.25/0.80, 0.15/0.80;
+     * p 0.6 keeps two (0.40 + 0.25 = 0.65 > 0.6), drawn as 0.40/0.65, 0.25/0.65.
+     * (Top-p on the renormalized top 3, 0.50, 0.8125, 1, keeps the same.) */
+    int keep[3] = {1, 3, 4};
+    double share3[3] = {0.40 / 0.80, 0.25 / 0.80, 0.15 / 0.80}, share2[2] = {0.40 / 0.65, 0.25 / 0.65};
+    ex5_topk_topp(3, 0.85f, keep, share3, 3);
+    ex5_topk_topp(3, 0.6f, keep, share2, 2);
+    /* The flag: --topk 5 through the command-line parser, then a generation
+     * (run_single, §20) at temperature 5 (nearly flat: without top-k any of
+     * the 53 tokens comes up) whose every drawn token must be among the 5
+     * highest logits of the step that drew it, and the 5th must come up. */
+    const char *lpath = tmp_file("ex5_logits.f32"), *tpath = tmp_file("ex5_ids.txt");
+    char *argv[] = {(char *)"kvt", (char *)"-n", (char *)"40", (char *)"-t", (char *)"5", (char *)"-p", (char *)"1",
+                    (char *)"--topk", (char *)"5", (char *)"-s", (char *)"7", (char *)"--dump-logits", (char *)lpath,
+                    (char *)"--dump-tokens", (char *)tpath, NULL};
+    kvt_cli cli;
+    memset(&cli, 0, sizeof(cli));
+    kvt_options_default(&cli.o);
+    int parsed = parse_args(&cli, 15, argv);
+    if (!expect(parsed == 1, "exercise 5, command line: kvt -n 40 -t 5 -p 1 --topk 5 is accepted%s%s", parsed == 1 ? "" :
+                ": ", parsed == 1 ? "" : kvt_errbuf))
+        return;
+    cli.o.device = KVT_CPU;
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(32, 2, 4, 2, 64, 53, 64), 23) == KVT_OK);
+    kvt_engine *e;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &cli.o) == KVT_OK);
+    int np = 4, V = 53, steps = 40, prompt[4], ids[64];
+    kvt_fake_tokens(prompt, np, V);
+    fflush(stdout); /* run_single prints the ids it generates: not here */
+    int out = dup(1), null = open("/dev/null", O_WRONLY);
+    KVT_ASSERT(out >= 0 && null >= 0 && dup2(null, 1) == 1);
+    int rc = run_single(e, &m, NULL, &cli, prompt, np);
+    fflush(stdout);
+    KVT_ASSERT(dup2(out, 1) == 1);
+    close(out);
+    close(null);
+    size_t bytes = 0;
+    float *rows = (float *)read_all(lpath, &bytes);
+    int n_ids = read_ints(tpath, ids, 64), worst = -1, outside = -1, outside_rank = 0;
+    /* the files: a row of logits per position but the last (whose token was drawn, not fed), and every id */
+    if (expect(rc == 0 && rows && bytes == (size_t)(np + steps - 1) * V * 4 && n_ids == np + steps, "exercise 5, "
+               "command line: the run wrote %d rows of logits and %d ids (want %d and %d)", rows ? (int)(bytes / (V * 4))
+               : 0, n_ids, np + steps - 1, np + steps)) {
+        for (int j = np; j < np + steps; j++) { /* token j was drawn from the logits of row j - 1 */
+            const float *row = rows + (size_t)(j - 1) * V;
+            int rank = 0; /* how many tokens had a higher logit */
+            for (int v = 0; v < V; v++) rank += row[v] > row[ids[j]];
+            worst = rank > worst ? rank : worst;
+            if (rank >= 5 && outside < 0) { outside = j; outside_rank = rank + 1; }
+        }
+        if (outside >= 0)
+            expect(0, "exercise 5, command line: --topk 5, yet step %d drew token %d, number %d by logit: it should not "
+                   "have been drawn (does the flag reach the sampler?)", outside - np + 1, ids[outside], outside_rank);
+        else
+            expect(worst == 4, "exercise 5, command line: with --topk 5 all %d drawn tokens are among the 5 most likely "
+                   "and the 5th comes up (the least likely drawn: number %d by logit)", steps, worst + 1);
+    }
+    free(rows);
+    kvt_engine_free(e);
+    kvt_model_free(&m);
 }
 #elif KVT_EXERCISE == 6 /* measure where the cache wins by 10x */
+/* Timing that gives the same verdict on a quiet and on a busy machine:
+ *  - one thread (omp_set_num_threads(1)): with two, the recompute's row loops
+ *    (rope, kv write, §10) start an OpenMP team from 9 rows on, whose start
+ *    costs more than this tiny model's rows (the cache-off column more than
+ *    doubled from 8 to 12 positions; the sgemm of 32 rows and more, §9, too),
+ *    and a busy machine delays the team's second thread by whole time slices;
+ *  - every position from 1 to 128 (then every 8th), and each one timed
+ *    EX6_REPS times, all positions in each round, in a new order each
+ *    round: a burst of load, even a periodic one, lands on a few positions
+ *    of one round, and the median of each position's rounds drops it;
+ *  - the crossover and the accepted range are read off the whole measured
+ *    curve (ex6_first_from), not off one position. */
+#define EX6_REPS 15
+static int ex6_cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+/* The position from which the cached step is at least `times` faster: the
+ * split of the measured positions into "below" and "from it on" that the
+ * fewest medians contradict (a stray slow or fast position does not move it).
+ * -1: the cache never wins that much up to the last position measured. */
+static int ex6_first_from(const int *pos, const double *ratio, int np, double times) {
+    int best = 0, wrong = 0; /* split k: positions 0 .. k-1 below, k .. np-1 from it on */
+    for (int i = 0; i < np; i++) wrong += ratio[i] < times; /* k = 0: every one should be >= times */
+    for (int k = 1, w = wrong; k <= np; k++) {
+        w += ratio[k - 1] < times ? -1 : 1; /* position k - 1 moves to "below" */
+        if (w < wrong) { wrong = w; best = k; } /* the first of equally good splits */
+    }
+    return best < np ? pos[best] : -1;
+}
 static void exercise_check(void) {
     const char *ans = getenv("KVT_ANSWER");
     kvt_model m;
@@ -3324,37 +3495,72 @@ static void exercise_check(void) {
     on.prefix_reuse = 0;
     off = on;
     off.kv_cache = 0;
-    int toks[256], positions[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 250}, np = 16, cross = -1;
+    int threads = omp_get_max_threads(), toks[256], pos[160], np = 0;
+    for (int T = 1; T <= 250; T += T < 128 ? 1 : 8) pos[np++] = T;
+    double *t_on = (double *)kvt_malloc((size_t)EX6_REPS * np * sizeof(double));
+    double *t_off = (double *)kvt_malloc((size_t)EX6_REPS * np * sizeof(double)), med[2][160], ratio[160];
     float lg[20];
     kvt_fake_tokens(toks, 256, 20);
-    printf("exercise 6: microseconds per step on the CPU, model --random 16,1,2,1,32,20,256\n%8s %10s %10s %8s\n",
-           "position", "cache on", "cache off", "off/on");
-    for (int i = 0; i < np; i++) {
-        int T = positions[i];
-        double best[2] = {1e9, 1e9};
-        for (int c = 0; c < 2; c++)
-            for (int rep = 0; rep < 7; rep++) {
-                kvt_engine *e;
-                kvt_seq s;
-                KVT_ASSERT(kvt_engine_create(&e, &m, c ? &off : &on) == KVT_OK);
-                kvt_seq_init(e, &s);
-                if (c == 0 && T > 1) KVT_ASSERT(kvt_forward(e, &s, toks, T - 1, lg, 0) == KVT_OK);
-                double t0 = kvt_now();
-                KVT_ASSERT(kvt_step(e, &s, toks, T, lg) == KVT_OK);
-                best[c] = fmin(best[c], kvt_now() - t0);
-                kvt_seq_free(e, &s);
-                kvt_engine_free(e);
+    kvt_engine *e_on, *e_off;
+    kvt_seq s_on, s_off;
+    KVT_ASSERT(kvt_engine_create(&e_on, &m, &on) == KVT_OK && kvt_engine_create(&e_off, &m, &off) == KVT_OK);
+    kvt_seq_init(e_on, &s_on);
+    kvt_seq_init(e_off, &s_off);
+    omp_set_num_threads(1);
+    int order[160];
+    uint64_t shuffle = 6;
+    for (int i = 0; i < np; i++) order[i] = i;
+    for (int rep = 0; rep < EX6_REPS; rep++)
+        for (int n = np; n > 0; n--) { /* this round's positions, in a new order (Fisher-Yates) */
+            int j = (int)(kvt_rng_f32(&shuffle) * (float)n), i = order[j < n ? j : n - 1];
+            order[j < n ? j : n - 1] = order[n - 1];
+            order[n - 1] = i;
+            int T = pos[i];
+            kvt_seq_reset(e_on, &s_on); /* cache on: positions 0 .. T-2 cached, then the step at T-1 */
+            if (T > 1) KVT_ASSERT(kvt_forward(e_on, &s_on, toks, T - 1, lg, 0) == KVT_OK);
+            else { /* nothing to prefill: an untimed step warms the same code, as a prefill does */
+                KVT_ASSERT(kvt_step(e_on, &s_on, toks, 1, lg) == KVT_OK);
+                kvt_seq_reset(e_on, &s_on);
             }
-        printf("%8d %10.1f %10.1f %8.1f\n", T, 1e6 * best[0], 1e6 * best[1], best[1] / best[0]);
-        if (best[0] * 10 < best[1]) { if (cross < 0) cross = T; } /* the cache wins by 10x */
-        else cross = -1;
+            double t0 = kvt_now();
+            KVT_ASSERT(kvt_step(e_on, &s_on, toks, T, lg) == KVT_OK);
+            t_on[(size_t)i * EX6_REPS + rep] = kvt_now() - t0;
+            t0 = kvt_now(); /* cache off: the same step recomputes all T positions */
+            KVT_ASSERT(kvt_step(e_off, &s_off, toks, T, lg) == KVT_OK);
+            t_off[(size_t)i * EX6_REPS + rep] = kvt_now() - t0;
+        }
+    omp_set_num_threads(threads);
+    for (int i = 0; i < np; i++) {
+        qsort(t_on + (size_t)i * EX6_REPS, EX6_REPS, sizeof(double), ex6_cmp);
+        qsort(t_off + (size_t)i * EX6_REPS, EX6_REPS, sizeof(double), ex6_cmp);
+        med[0][i] = t_on[(size_t)i * EX6_REPS + EX6_REPS / 2];
+        med[1][i] = t_off[(size_t)i * EX6_REPS + EX6_REPS / 2];
+        ratio[i] = med[1][i] / med[0][i];
     }
-    printf("measured: from position %d on, the cached step is more than 10x faster than recomputing\n", cross);
-    int guess = ans ? atoi(ans) : -1;
-    expect(ans && cross > 0 && guess >= cross / 2 && guess <= cross * 2,
-           "exercise 6: your answer KVT_ANSWER=%s %s within a factor 2 of the measured crossover %d (accepted: %d to %d)",
-           ans ? ans : "(unset)", ans && cross > 0 && guess >= cross / 2 && guess <= cross * 2 ? "is" : "is NOT", cross,
-           cross / 2, cross * 2);
+    printf("exercise 6: microseconds per step on one CPU thread (median of %d), model --random 16,1,2,1,32,20,256\n"
+           "%8s %10s %10s %8s\n", EX6_REPS, "position", "cache on", "cache off", "off/on");
+    int shown[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 248}; /* of the np measured */
+    for (int i = 0, k = 0; i < np && k < 16; i++)
+        if (pos[i] == shown[k]) {
+            printf("%8d %10.1f %10.1f %8.1f\n", pos[i], 1e6 * med[0][i], 1e6 * med[1][i], ratio[i]);
+            k++;
+        }
+    /* The verdict: a factor 2 either side of 10x, read off this machine's
+     * curve: the answer is accepted where the cache wins by 5x to 20x. */
+    int cross = ex6_first_from(pos, ratio, np, 10.0), lo = ex6_first_from(pos, ratio, np, 5.0);
+    int hi = ex6_first_from(pos, ratio, np, 20.0), guess = ans ? atoi(ans) : -1;
+    if (hi < 0) hi = pos[np - 1];
+    printf("measured: from position %d on, the cached step is more than 10x faster than recomputing\n"
+           "(5x from position %d, 20x from %d: the answers accepted, a factor 2 either side of 10x)\n", cross, lo, hi);
+    int ok = ans && cross > 0 && lo > 0 && guess >= lo && guess <= hi;
+    expect(ok, "exercise 6: your answer KVT_ANSWER=%s %s between %d and %d, where the cache wins by 5x to 20x (measured "
+           "10x crossover: %d)", ans ? ans : "(unset)", ok ? "is" : "is NOT", lo, hi, cross);
+    kvt_seq_free(e_on, &s_on);
+    kvt_seq_free(e_off, &s_off);
+    kvt_engine_free(e_on);
+    kvt_engine_free(e_off);
+    free(t_on);
+    free(t_off);
     kvt_model_free(&m);
 }
 #endif
@@ -4055,6 +4261,7 @@ int main(int argc, char **argv) {
         test_swiglu_residual_embed(1);
         test_block_reduce();
         test_attention(1);
+        test_launch_count();
         test_attention_ragged(1);
         test_kv_write_bytes();
         test_gpu_matrix();
