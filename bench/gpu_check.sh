@@ -101,7 +101,10 @@ say "gpu-check $(date -u '+%Y-%m-%d %H:%M UTC'), budget ${BUDGET}s, device: ${DE
 # 1 versions. The probe asks the CUDA runtime what it sees; nvidia-smi only
 # asks the driver, so a toolkit newer than the driver shows a GPU there while
 # every CUDA call fails: the suite would then skip its GPU checks and pass.
-say "versions: nvcc ${NVCC:+$("$NVCC" --version | grep -o -m1 'release [0-9.]*, V[0-9.]*')}${NVCC:-not found}; driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 | grep . || echo 'none (no nvidia-smi or no GPU)'); compute-sanitizer ${SAN:-not installed}"
+NVCC_VERSION="not found"
+[ -z "$NVCC" ] || NVCC_VERSION="$("$NVCC" --version | grep -o -m1 'release [0-9.]*, V[0-9.]*') ($NVCC)"
+DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
+say "versions: nvcc $NVCC_VERSION; driver ${DRIVER:-none (no nvidia-smi, or it sees no GPU)}; compute-sanitizer ${SAN:-not installed}"
 if [ -n "$NVCC" ]; then
   cat > "$RESULTS/probe.cu" <<'EOF'
 #include <cstdio>
@@ -127,7 +130,8 @@ EOF
   say "versions: the CUDA runtime: $(head -1 "$RESULTS/probe.log")"
   if [ "$DRY" != 1 ] && [ $PROBE_RC != 0 ]; then
     say "versions: FAILED: nvidia-smi sees '$DEV', but the CUDA runtime sees no device: $(head -1 "$RESULTS/probe.log")"
-    say "  (a driver older than the toolkit: install the toolkit that matches the driver, or a newer driver)"
+    grep -q -i insufficient "$RESULTS/probe.log" &&
+      say "  (a driver older than the toolkit: build with the toolkit that matches the driver, or install a newer driver)"
     exit 1
   fi
 elif [ "$DRY" != 1 ]; then
