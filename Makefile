@@ -288,9 +288,11 @@ nvcc-check:
 	$(NVCC) $(NV_ALL) -Werror all-warnings -Xcompiler -Werror -c test.c -o $$d/test.o && \
 	echo "[make] nvcc compile check: sm_80 + sm_90 clean"
 
-# The prepared device script (bench/gpu_check.sh): nvcc build, the suite on
-# the GPU, sanitizers, figures; GPU_CHECK_BUDGET seconds (220), RESULTS=dir.
-# gpu-check-dry: the same script on the C build and the emulation (CI).
+# The prepared device script (bench/gpu_check.sh): versions, nvcc build,
+# sanitizers, figures, then the suite on the GPU; GPU_CHECK_BUDGET seconds
+# (420), RESULTS=dir. On a machine without apt or network give BLAS_DIR
+# (docs/GPU.md). gpu-check-dry: the same script on the C build and the
+# emulation (CI).
 gpu-check: deps
 	bash bench/gpu_check.sh
 gpu-check-dry: deps

@@ -1059,22 +1059,28 @@ static void matmul_cpu(float *out, const float *x, const float *w, int n, int k,
 /* Decode kernel, built for the memory bound: a decode step reads every weight
  * once, so the kernel must keep enough bytes in flight to fill HBM (~20 KB per
  * SM on an H100/H200) and read each weight once for all its rows of x.
- * grid (ceil(d / (KVT_MV_ROWS * KVT_WARPS)), ceil(n / KVT_MV_X)), block
- * KVT_THREADS. Each warp owns KVT_MV_ROWS consecutive output rows and up to
- * KVT_MV_X rows of x. Lane l reads columns 4l..4l+3 of a weight row as one
- * 16-byte load (a warp: 512 contiguous bytes), then 4l+128.., and uses each
- * loaded weight for all its rows of x; it keeps ROWS x X <= 32 partial sums.
- * The warp then transposes them through shared memory: lane i adds up the 32
- * partials of (row, x) pair i. One barrier per warp's work.
+ * grid (ceil(d / (ROWS * KVT_WARPS)), ceil(n / X)), block KVT_THREADS. Each
+ * warp owns ROWS consecutive output rows and up to X rows of x. Lane l reads
+ * columns 4l..4l+3 of a weight row as one 16-byte load (a warp: 512 contiguous
+ * bytes), then 4l+128.., and uses each loaded weight for all its rows of x; it
+ * keeps ROWS x X <= 32 partial sums. A step's ROWS weight loads come first, one
+ * after another: a row past d reads row d - 1 again (its sums are dropped), so
+ * no branch stands between two loads and the warp has them all in flight.
+ * The warp then transposes its sums through shared memory: lane i adds up the
+ * 32 partials of (row, x) pair i. One barrier per warp's work.
  *
  *   part[warp]:   lane 0   lane 1  ...  lane 31      <- written as acc[i]
  *     pair 0    [  p00      p01    ...   p0,31 ]  -> summed by lane 0
  *     pair 1    [  p10      p11    ...   p1,31 ]  -> summed by lane 1 ...
  *
- * On a GPU: 4 rows x 4 rows of x, so d = 4096 gives 1024 warps (~8 per SM of
- * an H200, each with 4 x 512 bytes per step in flight), and a batch of up to 4
- * decode rows costs one pass over the weights. In the C build: 32 rows x 1
- * (each barrier costs ~50 us there, so fewer, larger work items).
+ * Two shapes, ROWS x X. matmul_rows_kernel, decode: on a GPU 4 x 4, so
+ * d = 4096 gives 1024 warps (~8 per SM of an H200, each with 4 x 512 bytes in
+ * flight per step), and up to 4 decode rows cost one pass over the weights (8
+ * rows two); in the C build 32 x 1 (each barrier costs ~50 us there, so fewer,
+ * larger work items). matmul_batch_kernel, batches of up to 16 rows: 2 x 16,
+ * one pass over the weights, each weight used 16 times. Both run the same
+ * body, matmul_rows_warp, always inlined: nvcc compiles one copy per constant
+ * shape, its loops unrolled and its sums in registers.
  * k4: the columns read 4 at a time, k when x and w are 16-byte aligned and
  * 4 divides k (then every row is aligned too), else 0: one at a time. */
 #ifdef __CUDACC__
@@ -1084,6 +1090,7 @@ typedef struct { float x, y, z, w; } float4;
 static float4 kvt_load4(const float *p) { float4 v; memcpy(&v, p, sizeof(v)); return v; }
 #define KVT_LOAD4(p) kvt_load4(p)
 #endif
+#define KVT_INLINE __device__ inline __attribute__((always_inline)) /* a kernel's body: a copy per call */
 #if defined(__CUDACC__) || defined(KVT_GPU_SIZES)
 #define KVT_MV_ROWS 4 /* weight rows per warp */
 #define KVT_MV_X 4    /* rows of x per warp */
@@ -1091,45 +1098,51 @@ static float4 kvt_load4(const float *p) { float4 v; memcpy(&v, p, sizeof(v)); re
 #define KVT_MV_ROWS 32
 #define KVT_MV_X 1
 #endif
-KVT_STATIC_ASSERT(KVT_MV_ROWS * KVT_MV_X <= 32, "one lane sums each (row, x) pair");
-__global__ void matmul_rows_kernel(float *out, const float *x, const float *w, int n, int k, int k4, int d) {
+#define KVT_MB_ROWS 2 /* the batch kernel: 2 weight rows x 16 rows of x per warp */
+#define KVT_MB_X 16
+KVT_STATIC_ASSERT(KVT_MV_ROWS * KVT_MV_X <= 32 && KVT_MB_ROWS * KVT_MB_X <= 32, "one lane sums each (row, x) pair");
+KVT_INLINE void matmul_rows_warp(float *out, const float *x, const float *w, int n, int k, int d, int ROWS, int X) {
     __shared__ float part[KVT_WARPS][32][33]; /* 33: no bank conflicts on the transpose */
     int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    int row0 = ((int)blockIdx.x * KVT_WARPS + warp) * KVT_MV_ROWS, x0 = (int)blockIdx.y * KVT_MV_X;
-    float acc[KVT_MV_ROWS][KVT_MV_X];
-    for (int i = 0; i < KVT_MV_ROWS; i++)
-        for (int j = 0; j < KVT_MV_X; j++) acc[i][j] = 0.0f;
+    int row0 = ((int)blockIdx.x * KVT_WARPS + warp) * ROWS, x0 = (int)blockIdx.y * X;
+    int k4 = (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 && k % 4 == 0 ? k : 0;
+    float acc[32]; /* acc[i * X + j]: weight row row0 + i times row x0 + j of x */
+    for (int i = 0; i < ROWS * X; i++) acc[i] = 0.0f;
     for (int c = 4 * lane; c < k4; c += 128) {
-        float4 xv[KVT_MV_X];
-        for (int j = 0; j < KVT_MV_X; j++) /* rows of x past n read row 0 again: their sums are dropped */
-            xv[j] = KVT_LOAD4(x + (size_t)(x0 + j < n ? x0 + j : 0) * k + c);
-        for (int i = 0; i < KVT_MV_ROWS; i++) {
-            if (row0 + i >= d) break;
-            float4 wv = KVT_LOAD4(w + (size_t)(row0 + i) * k + c);
-            for (int j = 0; j < KVT_MV_X; j++)
-                acc[i][j] += wv.x * xv[j].x + wv.y * xv[j].y + wv.z * xv[j].z + wv.w * xv[j].w;
+        float4 wv[32];
+        for (int i = 0; i < ROWS; i++) /* the step's weight loads, back to back */
+            wv[i] = KVT_LOAD4(w + (size_t)(row0 + i < d ? row0 + i : d - 1) * k + c);
+        for (int j = 0; j < X; j++) { /* rows of x past n read row n - 1 again: their sums are dropped */
+            float4 xv = KVT_LOAD4(x + (size_t)(x0 + j < n ? x0 + j : n - 1) * k + c);
+            for (int i = 0; i < ROWS; i++)
+                acc[i * X + j] += wv[i].x * xv.x + wv[i].y * xv.y + wv[i].z * xv.z + wv[i].w * xv.w;
         }
     }
     for (int c = k4 + lane; c < k; c += 32) /* the columns left over, one per lane */
-        for (int i = 0; i < KVT_MV_ROWS; i++) {
-            if (row0 + i >= d) break;
-            float wc = w[(size_t)(row0 + i) * k + c];
-            for (int j = 0; j < KVT_MV_X; j++) acc[i][j] += wc * x[(size_t)(x0 + j < n ? x0 + j : 0) * k + c];
-        }
-    for (int i = 0; i < KVT_MV_ROWS; i++)
-        for (int j = 0; j < KVT_MV_X; j++) part[warp][i * KVT_MV_X + j][lane] = acc[i][j];
+        for (int i = 0; i < ROWS; i++)
+            for (int j = 0; j < X; j++)
+                acc[i * X + j] += w[(size_t)(row0 + i < d ? row0 + i : d - 1) * k + c] *
+                                  x[(size_t)(x0 + j < n ? x0 + j : n - 1) * k + c];
+    for (int i = 0; i < ROWS * X; i++) part[warp][i][lane] = acc[i];
     __syncthreads(); /* each lane now reads a column the other lanes wrote */
-    int row = row0 + lane / KVT_MV_X, xr = x0 + lane % KVT_MV_X; /* lane = its pair's index */
-    if (lane < KVT_MV_ROWS * KVT_MV_X && row < d && xr < n) {
+    int row = row0 + lane / X, xr = x0 + lane % X; /* lane = its pair's index */
+    if (lane < ROWS * X && row < d && xr < n) {
         float s = 0.0f;
         for (int j = 0; j < 32; j++) s += part[warp][lane][j];
         out[(size_t)xr * d + row] = s;
     }
 }
+__global__ void matmul_rows_kernel(float *out, const float *x, const float *w, int n, int k, int d) {
+    matmul_rows_warp(out, x, w, n, k, d, KVT_MV_ROWS, KVT_MV_X);
+}
+__global__ void matmul_batch_kernel(float *out, const float *x, const float *w, int n, int k, int d) {
+    matmul_rows_warp(out, x, w, n, k, d, KVT_MB_ROWS, KVT_MB_X);
+}
 static void matmul_rows_gpu(float *out, const float *x, const float *w, int n, int k, int d) {
-    int aligned = ((uintptr_t)x % 16 == 0) && ((uintptr_t)w % 16 == 0) && k % 4 == 0;
-    KVT_LAUNCH(matmul_rows_kernel, kvt_cdiv(d, KVT_MV_ROWS * KVT_WARPS), kvt_cdiv(n, KVT_MV_X), KVT_THREADS,
-               out, x, w, n, k, aligned ? k : 0, d);
+    KVT_LAUNCH(matmul_rows_kernel, kvt_cdiv(d, KVT_MV_ROWS * KVT_WARPS), kvt_cdiv(n, KVT_MV_X), KVT_THREADS, out, x, w, n, k, d);
+}
+static void matmul_batch_gpu(float *out, const float *x, const float *w, int n, int k, int d) {
+    KVT_LAUNCH(matmul_batch_kernel, kvt_cdiv(d, KVT_MB_ROWS * KVT_WARPS), kvt_cdiv(n, KVT_MB_X), KVT_THREADS, out, x, w, n, k, d);
 }
 
 /* Prefill kernel, the textbook tiled matmul. grid (ceil(d/TILE), ceil(n/TILE)),
@@ -1163,10 +1176,11 @@ static void matmul_tiled_gpu(float *out, const float *x, const float *w, int n, 
                out, x, w, n, k, d);
 }
 /* Decode and small batches (up to 2 passes of KVT_MV_X rows) read the weights
- * with the rows kernel; prefill reuses each loaded tile of weights KVT_TILE
- * times (16 on the GPU). */
+ * with the rows kernel, batches of up to 16 rows with the batch kernel (one
+ * pass); prefill reuses each loaded tile of weights KVT_TILE times. */
 static void matmul_gpu(float *out, const float *x, const float *w, int n, int k, int d) {
     if (n <= 2 * KVT_MV_X) matmul_rows_gpu(out, x, w, n, k, d);
+    else if (n <= KVT_MB_X) matmul_batch_gpu(out, x, w, n, k, d);
     else matmul_tiled_gpu(out, x, w, n, k, d);
 }
 
@@ -1474,8 +1488,8 @@ static void attention_naive_gpu(float *out, const float *q, kvt_kv kv, int l, in
  * attention_fused_cpu: work items of (block of rows, piece) over the cores,
  * each running the tiled loop of cpu/attention.c (attention_piece_cpu: a
  * tile of keys serves a block of queries, FlashAttention's loop order), then
- * the merge. The GPU kernel: one block per (row, head, piece), a tile of
- * keys per step, one key per thread.
+ * the merge. The GPU kernel: one block per (row, kv head, piece), a tile
+ * of keys per step, a group of lanes per key, 16-byte loads.
  * part: (n, NH, nsplit, 2 + HS), the (m, l, acc) of every piece. */
 
 /* The spec: for each query (row r, head h), the online softmax over the keys
@@ -1554,87 +1568,192 @@ static void attention_fused_cpu(float *out, const float *q, kvt_kv kv, int l, in
         attention_piece_cpu(part, q, &kv, l, NH, first[it / nsplit], first[it / nsplit + 1], it % nsplit, split_len, nsplit);
     attention_merge_cpu(out, part, n, NH, kv.HS, nsplit);
 }
-/* grid (NH * nsplit, n), block (KVT_THREADS): one block per (row, head, piece).
- * The positions of the piece are walked in tiles of blockDim:
+/* grid (NKV * ceil(group / KVT_GQA) * nsplit, n), block (KVT_THREADS): one
+ * block per (row, kv head, piece), serving up to KVT_GQA query heads of the kv
+ * head's group (group = NH / NKV): each K and V row is read once for all of
+ * them. A cached row is read in units of W values, one 16-byte load each:
+ * 4 fp32, 8 fp16 or 16 int8 values (int8: G a multiple of 16, one scale per
+ * unit); other types and shapes go one value at a time (W = 1, kv_load).
+ * The positions of the piece are walked in tiles of blockDim keys:
  *
  *   tile:  t0 ........................ t0+blockDim
- *   step 1 thread j: s_j = q.K[t0+j]             (one key per thread)
- *   step 2 every thread: m' = max(m, max_j s_j)  (reads all s_j: barrier before)
- *   step 3 thread j: e_j = exp(s_j - m')         (barrier before: all read s_j)
- *   step 4 thread c: acc[c] = acc[c]*exp(m-m') + sum_j e_j V[t0+j][c]
+ *   step 0 thread j: where key t0+j's K and V rows start (one key per thread)
+ *   step 1 lane u of group g (KVT_KL lanes): q.K over units u, u+KL, .. of keys
+ *          j = g, g + groups, ..: a group reads 16 * KL contiguous bytes per load
+ *   step 2 thread j: s_j = the sum of key j's KL partial dot products
+ *   step 3 every thread: m' = max(m, max_j s_j); thread j: e_j = exp(s_j - m')
+ *   step 4 thread (slot, unit): acc = acc*exp(m-m') + sum of e_j V[t0+j][unit]
+ *          over keys j = slot, slot + slots, ..: KVT_VK loads, then their FMAs
  *
- * Each thread keeps the accumulator of its channels c = tid, tid+blockDim, ...
- * No score row is written to global memory: a block reads its query, its
- * piece's K and V rows once, and writes its output (the NH/NKV query heads of
- * a group are separate blocks, each reading their kv head's rows). */
-__global__ void attn_fused_kernel(float *out, float *part, const float *q, kvt_kv kv, int l,
-                                  int NH, int split_len, int nsplit) {
-    __shared__ float q_s[KVT_MAX_HS];   /* the query, pre-scaled by 1/sqrt(HS) */
-    __shared__ float e_s[KVT_THREADS];  /* scores, then weights, of one tile */
-    __shared__ size_t v_s[KVT_THREADS]; /* where key j's V row starts (element index) */
-    __shared__ size_t g_s[KVT_THREADS]; /* and its first int8 scale: v_s[j] / G */
-    int h = (int)blockIdx.x / nsplit, sp = (int)blockIdx.x % nsplit, r = (int)blockIdx.y;
-    int tid = (int)threadIdx.x, HS = kv.HS, kh = h / (NH / kv.NKV);
-    int p = kv.row_pos[r], t_begin = sp * split_len;
-    int t_end = p + 1 < t_begin + split_len ? p + 1 : t_begin + split_len;
-    float scale = 1.0f / sqrtf((float)HS);
-    /* The query is read by every thread for every key: load it once into
-     * shared memory (pre-scaled, so no thread multiplies by 1/sqrt(HS) again). */
-    for (int c = tid; c < HS; c += KVT_THREADS) q_s[c] = q[((size_t)r * NH + h) * HS + c] * scale;
-    __syncthreads(); /* q_s is complete before anyone reads it */
-    /* Thread tid owns channels tid, tid + KVT_THREADS, ...: a fixed count of
-     * accumulators, indexed by constants once unrolled, so they stay in registers. */
-#define KVT_ACC (KVT_MAX_HS / KVT_THREADS)
-    float m = -INFINITY, sum = 0.0f, acc[KVT_ACC];
-    for (int j = 0; j < KVT_ACC; j++) acc[j] = 0.0f;
+ * A barrier between two steps: each reads what the step before wrote to
+ * shared memory. At the end, the slots' accumulators of a unit are added up.
+ * No score row is written to global memory: a block reads its queries, its
+ * piece's K and V rows once, and writes its output. attn_fused_block is the
+ * kernel's body, always inlined: nvcc compiles one copy for each W, with the
+ * loops over units unrolled and the accumulators in registers. */
+#define KVT_KL 8  /* lanes per key in step 1 */
+#define KVT_GQA 4 /* most query heads per block */
+#define KVT_VK 4  /* V rows a thread loads at once in step 4 */
+#define KVT_VU (KVT_MAX_HS / KVT_THREADS) /* most units per thread in step 4 (W = 1) */
+KVT_STATIC_ASSERT(KVT_THREADS % KVT_KL == 0 && KVT_GQA * KVT_THREADS * (KVT_KL + 1) >= 16 * KVT_THREADS + KVT_MAX_HS,
+                  "fused attention: whole key groups; red_s holds every slot's accumulators");
+/* nvcc: unroll the loop that follows (its trip count is a constant once W
+ * is), so that the arrays it indexes stay in registers. C ignores it. */
+#ifdef __CUDACC__
+#define KVT_UNROLL _Pragma("unroll")
+#else
+#define KVT_UNROLL
+#endif
+/* A unit of W values from element i, as stored: one 16-byte load (W > 1), or
+ * one value decoded by kv_load (W = 1). kv_unit_at: its value e as fp32 (int8
+ * without its scale, which the caller applies once per unit). */
+KVT_INLINE float4 kv_unit_load(const kvt_kv *kv, int W, size_t i) {
+    float4 u = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (W > 1) return KVT_LOAD4((const float *)((const char *)kv->data + i * (size_t)(16 / W)));
+    u.x = kv_load(kv, i);
+    return u;
+}
+KVT_INLINE float kv_unit_at(float4 u, int W, int e) {
+    float f[4] = {u.x, u.y, u.z, u.w};
+    kvt_bits b;
+    b.f = f[e * 4 / W]; /* the 32-bit word that holds value e */
+    if (W <= 4) return b.f;
+    if (W == 8) return f16_to_f32((uint16_t)(b.u >> 16 * (e % 2)));
+    return (float)(int8_t)(b.u >> 8 * (e % 4));
+}
+KVT_INLINE void attn_fused_block(float *out, float *part, const float *q, kvt_kv kv, int l, int NH, int split_len,
+                                 int nsplit, int W) {
+    __shared__ float q_s[KVT_GQA][KVT_MAX_HS]; /* the queries, pre-scaled by 1/sqrt(HS) */
+    __shared__ float red_s[KVT_GQA][KVT_THREADS][KVT_KL + 1]; /* step 1's partial sums (+1: no bank conflicts) */
+    __shared__ float sc_s[KVT_GQA][KVT_THREADS], e_s[KVT_GQA][KVT_THREADS]; /* a tile's scores, weights */
+    __shared__ size_t k_s[KVT_THREADS], g_s[KVT_THREADS]; /* where key j's K row and its scales start */
+    int group = NH / kv.NKV, nhb = (group + KVT_GQA - 1) / KVT_GQA, b = (int)blockIdx.x / nsplit;
+    int kh = b / nhb, h0 = kh * group + b % nhb * KVT_GQA, nq = group - b % nhb * KVT_GQA; /* heads h0.. */
+    int sp = (int)blockIdx.x % nsplit, r = (int)blockIdx.y, tid = (int)threadIdx.x, HS = kv.HS, NU = HS / W;
+    int p = kv.row_pos[r], t_begin = sp * split_len, t_end = p + 1 < t_begin + split_len ? p + 1 : t_begin + split_len;
+    size_t vo = (size_t)kv.CH * kv.NKV * HS, gV = (size_t)kv.CH * kv.NKV * kv.HG; /* V row: K row + vo, scales + gV */
+    for (int i = tid; i < KVT_GQA * HS; i += KVT_THREADS) /* heads past nq: zeros, never used */
+        q_s[i / HS][i % HS] = i / HS < nq ? q[((size_t)r * NH + h0 + i / HS) * HS + i % HS] * (1.0f / sqrtf((float)HS)) : 0.0f;
+    /* Fixed per thread: step 1's units (lane u: channels (u + v * KL) * W; kg:
+     * int8 scale offsets), step 4's slot and units (channels cv, scales gv). */
+    const int UK = (KVT_MAX_HS / W + KVT_KL - 1) / KVT_KL, UV = (KVT_MAX_HS / W + KVT_THREADS - 1) / KVT_THREADS;
+    int u = tid % KVT_KL, kg[KVT_MAX_HS / KVT_KL], cv[KVT_VU], gv[KVT_VU];
+    KVT_UNROLL for (int v = 0; v < UK; v++) kg[v] = W == 16 ? (u + v * KVT_KL) * W / kv.G : 0;
+    int NS = NU < KVT_THREADS ? KVT_THREADS / NU : 1, slot = tid / NU < NS ? tid / NU : KVT_THREADS;
+    KVT_UNROLL for (int v = 0; v < UV; v++) { /* a unit past the row (W = 1): unit 0 again, never stored */
+        cv[v] = tid % NU + v * KVT_THREADS < NU ? (tid % NU + v * KVT_THREADS) * W : 0;
+        gv[v] = W == 16 ? cv[v] / kv.G : 0;
+    }
+    float m[KVT_GQA], sum[KVT_GQA], acc[KVT_GQA][KVT_VU][16] = {{{0.0f}}};
+    KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) m[h] = -INFINITY, sum[h] = 0.0f; /* the running max m and sum l */
     for (int t0 = t_begin; t0 < t_end; t0 += KVT_THREADS) { /* same trip count in every thread */
         int tile = t_end - t0 < KVT_THREADS ? t_end - t0 : KVT_THREADS;
-        /* step 1: thread j scores key t0 + j (threads past the end score -inf) and
-         * notes where its V row is: V follows the chunk's K rows, CH * KVD further */
-        float s = -INFINITY;
-        if (tid < tile) {
-            size_t ki = kv_index(&kv, l, 0, kv.row_tab[r], t0 + tid, kh);
-            v_s[tid] = ki + (size_t)kv.CH * kv.NKV * HS;
-            g_s[tid] = kv.scales ? v_s[tid] / (size_t)kv.G : 0;
-            s = kv_dot(&kv, ki, q_s, HS);
+        if (tid < tile) { /* step 0 (V follows the chunk's K rows, CH * KVD further) */
+            k_s[tid] = kv_index(&kv, l, 0, kv.row_tab[r], t0 + tid, kh);
+            g_s[tid] = kv.scales ? k_s[tid] / (size_t)kv.G : 0;
         }
-        e_s[tid] = s;
-        __syncthreads(); /* all scores of the tile are in e_s */
-        /* step 2: every thread computes the same new max (reading all of e_s) and
-         * the factor that moves what it accumulated so far onto that max */
-        float m_new = m;
-        for (int j = 0; j < tile; j++) m_new = fmaxf(m_new, e_s[j]);
-        float corr = expf(m - m_new);
-        __syncthreads(); /* everyone has read the scores: e_s may be overwritten */
-        /* step 3: thread j turns its score into a weight */
-        e_s[tid] = tid < tile ? expf(s - m_new) : 0.0f;
+        __syncthreads(); /* the rows of the tile are in k_s, g_s (and q_s is complete) */
+        for (int k = 0; k < KVT_KL; k++) { /* step 1: key j = g + k * groups */
+            int j = tid / KVT_KL + k * (KVT_THREADS / KVT_KL);
+            float d[KVT_GQA] = {0.0f, 0.0f, 0.0f, 0.0f}, x[16], sc[KVT_MAX_HS / KVT_KL];
+            float4 xu[KVT_MAX_HS / KVT_KL];
+            KVT_UNROLL for (int v = 0; v < UK; v++) /* the loads first, back to back */
+                if (j < tile && (u + v * KVT_KL) * W < HS) {
+                    xu[v] = kv_unit_load(&kv, W, k_s[j] + (u + v * KVT_KL) * W);
+                    sc[v] = W == 16 ? kv.scales[g_s[j] + kg[v]] : 1.0f;
+                }
+            KVT_UNROLL for (int v = 0; v < UK; v++) {
+                int c = (u + v * KVT_KL) * W;
+                if (j >= tile || c >= HS) continue;
+                KVT_UNROLL for (int e = 0; e < W; e++) x[e] = kv_unit_at(xu[v], W, e);
+                KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) {
+                    float dh = 0.0f;
+                    KVT_UNROLL for (int e = 0; e < W && h < nq; e++) dh += q_s[h][c + e] * x[e];
+                    d[h] += dh * sc[v];
+                }
+            }
+            KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) red_s[h][j][u] = d[h];
+        }
+        __syncthreads(); /* all partial sums of the tile are in red_s */
+        float s[KVT_GQA];
+        KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) { /* step 2: threads past the tile score -inf */
+            float a = 0.0f;
+            for (int i = 0; i < KVT_KL; i++) a += red_s[h][tid][i];
+            s[h] = sc_s[h][tid] = tid < tile ? a : -INFINITY;
+        }
+        __syncthreads(); /* all scores of the tile are in sc_s */
+        KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) { /* step 3: every thread finds the same new max */
+            float m_new = m[h];
+            for (int j = 0; j < tile && h < nq; j++) m_new = fmaxf(m_new, sc_s[h][j]);
+            float corr = expf(m[h] - m_new); /* moves what was summed so far onto the new max */
+            e_s[h][tid] = tid < tile ? expf(s[h] - m_new) : 0.0f;
+            m[h] = m_new;
+            sum[h] *= corr;
+            KVT_UNROLL for (int v = 0; v < UV; v++)
+                KVT_UNROLL for (int e = 0; e < W; e++) acc[h][v][e] *= corr;
+        }
         __syncthreads(); /* all weights of the tile are in e_s */
-        /* step 4: rescale the running sum and accumulators, add this tile */
-        float tile_sum = 0.0f;
-        for (int j = 0; j < tile; j++) tile_sum += e_s[j];
-        sum = sum * corr + tile_sum;
-        for (int j = 0; j < KVT_ACC; j++) {
-            int c = tid + j * KVT_THREADS;
-            if (c >= HS) break;
-            size_t cg = (size_t)(c / kv.G);
-            float a = acc[j] * corr;
-            for (int i = 0; i < tile; i++) a += e_s[i] * kv_load_at(&kv, v_s[i] + c, g_s[i] + cg);
-            acc[j] = a;
+        KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) { /* step 4: add this tile's weights ... */
+            float tile_sum = 0.0f;
+            for (int j = 0; j < tile && h < nq; j++) tile_sum += e_s[h][j];
+            sum[h] += tile_sum;
         }
-        m = m_new;
-        __syncthreads(); /* e_s, v_s and g_s are rewritten by the next tile */
+        for (int i0 = slot; i0 < tile; i0 += KVT_VK * NS) { /* ... and values; past the tile: key i0, weight 0 */
+            float4 xu[KVT_VK][KVT_VU];
+            float sc[KVT_VK][KVT_VU], x[16], wk[KVT_VK][KVT_GQA];
+            KVT_UNROLL for (int k = 0; k < KVT_VK; k++) /* the weights, then the loads, back to back */
+                KVT_UNROLL for (int h = 0; h < KVT_GQA; h++)
+                    wk[k][h] = i0 + k * NS < tile && h < nq ? e_s[h][i0 + k * NS] : 0.0f;
+            KVT_UNROLL for (int k = 0; k < KVT_VK; k++)
+                KVT_UNROLL for (int v = 0; v < UV; v++) {
+                    int j = i0 + k * NS < tile ? i0 + k * NS : i0;
+                    xu[k][v] = kv_unit_load(&kv, W, k_s[j] + vo + cv[v]);
+                    sc[k][v] = W == 16 ? kv.scales[g_s[j] + gV + gv[v]] : 1.0f;
+                }
+            KVT_UNROLL for (int k = 0; k < KVT_VK; k++)
+                KVT_UNROLL for (int v = 0; v < UV; v++) {
+                    KVT_UNROLL for (int e = 0; e < W; e++) x[e] = kv_unit_at(xu[k][v], W, e) * sc[k][v];
+                    KVT_UNROLL for (int h = 0; h < KVT_GQA; h++)
+                        KVT_UNROLL for (int e = 0; e < W && h < nq; e++) acc[h][v][e] += wk[k][h] * x[e];
+                }
+        }
+        __syncthreads(); /* the shared arrays are rewritten by the next tile */
     }
-    /* One piece: this is the answer (the division is the softmax's denominator,
-     * postponed to the end). Several: leave (m, sum, acc) for the merge kernel. */
-    float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
-    if (nsplit > 1 && tid == 0) { pp[0] = m; pp[1] = sum; }
-    for (int j = 0; j < KVT_ACC; j++) {
-        int c = tid + j * KVT_THREADS;
-        if (c >= HS) break;
-        if (nsplit == 1) out[((size_t)r * NH + h) * HS + c] = acc[j] / sum;
-        else pp[2 + c] = acc[j];
+    /* One head at a time: every slot stores its units' sums in red_s, thread
+     * c adds channel c over the slots (in a fixed order, no atomics). One
+     * piece: out = acc / l (the softmax's division, postponed to the end);
+     * several: leave (m, l, acc) for the merge kernel. */
+    float *red = &red_s[0][0][0];
+    KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) {
+        if (h >= nq) break; /* the same in every thread: no barrier is skipped by some */
+        KVT_UNROLL for (int v = 0; v < UV; v++)
+            KVT_UNROLL for (int e = 0; e < W; e++)
+                if (slot < NS && tid % NU + v * KVT_THREADS < NU) red[slot * HS + cv[v] + e] = acc[h][v][e];
+        __syncthreads(); /* every slot's sums are in red */
+        float *pp = part + (((size_t)r * NH + h0 + h) * nsplit + sp) * (2 + HS);
+        if (nsplit > 1 && tid == 0) { pp[0] = m[h]; pp[1] = sum[h]; }
+        for (int c = tid; c < HS; c += KVT_THREADS) {
+            float a = 0.0f;
+            for (int i = 0; i < NS; i++) a += red[i * HS + c];
+            if (nsplit == 1) out[((size_t)r * NH + h0 + h) * HS + c] = a / sum[h];
+            else pp[2 + c] = a;
+        }
+        __syncthreads(); /* red is rewritten for the next head */
     }
-#undef KVT_ACC
+}
+/* One kernel per way of reading the cache: 16-byte units of fp32, fp16,
+ * int8, or one value at a time (any type, any shape). */
+__global__ void attn_fused_fp32_kernel(float *out, float *part, const float *q, kvt_kv kv, int l, int NH, int sl, int ns) {
+    attn_fused_block(out, part, q, kv, l, NH, sl, ns, 4);
+}
+__global__ void attn_fused_fp16_kernel(float *out, float *part, const float *q, kvt_kv kv, int l, int NH, int sl, int ns) {
+    attn_fused_block(out, part, q, kv, l, NH, sl, ns, 8);
+}
+__global__ void attn_fused_int8_kernel(float *out, float *part, const float *q, kvt_kv kv, int l, int NH, int sl, int ns) {
+    attn_fused_block(out, part, q, kv, l, NH, sl, ns, 16);
+}
+__global__ void attn_fused_kernel(float *out, float *part, const float *q, kvt_kv kv, int l, int NH, int sl, int ns) {
+    attn_fused_block(out, part, q, kv, l, NH, sl, ns, 1);
 }
 /* grid (NH, n), block (KVT_THREADS): thread c merges channel c of all pieces. */
 __global__ void attn_merge_kernel(float *out, const float *part, int NH, int HS, int nsplit) {
@@ -1654,9 +1773,17 @@ __global__ void attn_merge_kernel(float *out, const float *part, int NH, int HS,
         out[((size_t)r * NH + h) * HS + c] = o / sum;
     }
 }
+/* W: values per 16-byte load of this cache (int8: when G is a multiple of
+ * 16); 1 for other types, or when rows do not start on 16 bytes. */
 static void attention_fused_gpu(float *out, const float *q, kvt_kv kv, int l, int n, int NH,
                                 float *part, int split_len, int nsplit) {
-    KVT_LAUNCH(attn_fused_kernel, NH * nsplit, n, KVT_THREADS, out, part, q, kv, l, NH, split_len, nsplit);
+    int W = kv.dtype == KVT_FP32 ? 4 : kv.dtype == KVT_FP16 ? 8 : kv.dtype == KVT_INT8 && kv.G % 16 == 0 ? 16 : 1;
+    int gx = kv.NKV * kvt_cdiv(NH / kv.NKV, KVT_GQA) * nsplit;
+    if (kv.HS % W || (uintptr_t)kv.data % 16) W = 1;
+    if (W == 4) KVT_LAUNCH(attn_fused_fp32_kernel, gx, n, KVT_THREADS, out, part, q, kv, l, NH, split_len, nsplit);
+    else if (W == 8) KVT_LAUNCH(attn_fused_fp16_kernel, gx, n, KVT_THREADS, out, part, q, kv, l, NH, split_len, nsplit);
+    else if (W == 16) KVT_LAUNCH(attn_fused_int8_kernel, gx, n, KVT_THREADS, out, part, q, kv, l, NH, split_len, nsplit);
+    else KVT_LAUNCH(attn_fused_kernel, gx, n, KVT_THREADS, out, part, q, kv, l, NH, split_len, nsplit);
     if (nsplit > 1) KVT_LAUNCH(attn_merge_kernel, NH, n, KVT_THREADS, out, part, NH, kv.HS, nsplit);
 }
 

@@ -166,7 +166,7 @@ static void row_loop_fixed_hint(float *out, const float *x, const float *w, int 
     matmul_rows_part_cpu(out, x, w, n, k, d, 0, d, test_row_hint);
 }
 static void test_matmul(int gpu) {
-    int shapes[][3] = {{1, 45, 70}, {5, 45, 70}, {17, 64, 33}, {1, 128, 97}, {40, 300, 130}};
+    int shapes[][3] = {{1, 45, 70}, {5, 45, 70}, {17, 64, 33}, {1, 128, 97}, {40, 300, 130}, {12, 45, 70}, {16, 300, 130}};
     if (!gpu) { /* the CPU's own loops for every row count they serve: 1..4 rows one
                  * weight row at a time (matmul_row_cpu), 5..17 the tile (KVT_TILE_X
                  * rows of x at a time, then the rest); k not a multiple of 16, d not
@@ -188,11 +188,12 @@ static void test_matmul(int gpu) {
         test_matmul_one(0, "cpu sgemm split over the cores", matmul_sgemm_cpu, 40, 300, 130);
         test_matmul_one(0, "cpu sgemm split over the cores", matmul_sgemm_cpu, 3, 45, 1); /* d < threads */
     }
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 7; i++) {
         int n = shapes[i][0], k = shapes[i][1], d = shapes[i][2];
         if (!gpu) test_matmul_one(0, "cpu (tiles or sgemm)", matmul_cpu, n, k, d);
         else {
             test_matmul_one(1, "gpu rows kernel", matmul_rows_gpu, n, k, d);
+            test_matmul_one(1, "gpu batch kernel", matmul_batch_gpu, n, k, d);
             test_matmul_one(1, "gpu tiled kernel", matmul_tiled_gpu, n, k, d);
         }
     }
@@ -548,6 +549,19 @@ static void test_attention(int gpu) {
         {8, 8, 32, 16, 64, 45, 1, KVT_INT8, 16},   /* two groups per head: each head's own scales */
         /* an fp32 decode row sums V key by key (tile_v_rows_cpu): GQA, tiles of 32 over chunks of 16 */
         {8, 2, 64, 16, 128, 100, 1, KVT_FP32, 64},
+        /* the GPU's shapes: head size 128, an unsplit piece of 300+ keys (3 tiles of 128 on
+         * a GPU), 4 query heads per kv head (one block serves them all), each cache type
+         * read in 16-byte units (int8: G 32, two units per scale) */
+        {4, 1, 128, 16, 512, 300, 1, KVT_FP32, 128},
+        {8, 2, 128, 32, 512, 333, 2, KVT_FP16, 128},
+        {4, 1, 128, 16, 512, 301, 1, KVT_INT8, 32},
+        /* groups of 8 and 6 query heads: two blocks per kv head, the second one full or not */
+        {8, 1, 32, 8, 64, 40, 2, KVT_FP32, 32},
+        {6, 1, 32, 8, 64, 45, 2, KVT_FP16, 16},
+        /* head size 256 (more 16-byte units than a 32-thread block has threads); head size
+         * 6 (no whole 16-byte unit: one value at a time) */
+        {2, 2, 256, 8, 64, 20, 1, KVT_FP32, 256},
+        {2, 1, 6, 3, 64, 20, 2, KVT_FP32, 6},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         acase *c = &cases[i];
@@ -2721,9 +2735,13 @@ static void test_bench_shapes(void) {
      * bench's extra split (to compare) must stay within the engine's part buffer
      * (it once wrote past it; make test-asan runs this too) */
     cli_expect("--random 64,1,4,4,64,100,1024 --bench attention --bench-ctx 1000 --split 1000", 1, "(split: ");
-    if (kvt_gpu_available()) /* (an nvcc build without a GPU refuses --device gpu) */
+    if (kvt_gpu_available()) { /* (an nvcc build without a GPU refuses --device gpu) */
         cli_expect("--random 64,1,4,4,64,100,1024 --bench attention --bench-ctx 300 --split 1000 --device gpu", 1,
                    "(split: ");
+        /* what the bench timed is checked: fused and split against naive (make gpu-check fails on ABOVE) */
+        cli_expect("--random 64,1,4,4,64,100,1024 --bench attention --bench-ctx 300 --device gpu", 1,
+                   "(tolerance KVT_TOL_GPU = 1e-04: within)");
+    }
     /* a --bench-ctx out of range names the flag; a default one never does */
     cli_expect("--random 32,1,2,2,64,50,8 --chunk 2 --bench attention --bench-ctx 9", 0,
                "--bench-ctx 9: --bench attention needs 1 <= T <= TMAX = 8");

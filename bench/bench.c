@@ -383,7 +383,9 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
         auto_n = kvt_cdiv(T, auto_len);
     }
     const char *names[3] = {"naive (score row)", "fused (one pass)", "fused, split + merge"};
-    double ms[3];
+    double ms[3], diff[3] = {0.0, 0.0, 0.0}, big = 0.0;
+    size_t no = (size_t)NH * p->HS;
+    float *outs = (float *)kvt_malloc(3 * no * sizeof(float));
     for (int v = 0; v < 3; v++) { /* one warm-up call, then as many as fill 0.2 s (at least 3) */
         int reps = 0;
         double t0 = 0.0, t1 = 0.0;
@@ -393,10 +395,20 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
             if (v == 0) e->op->attention_naive(e->att, e->q, kv, l, 1, NH, e->scores, m->c.seq_len);
             else if (v == 1) e->op->attention_fused(e->att, e->q, kv, l, 1, NH, e->part, T, 1);
             else e->op->attention_fused(e->att, e->q, kv, l, 1, NH, e->part, auto_len, auto_n);
+            if (r == -1) buf_download(e->gpu, outs + v * no, e->att, no * sizeof(float)); /* layer 0, for the check */
             t1 = kvt_device_now(e->gpu);
         }
         ms[v] = 1e3 * (t1 > t0 ? t1 - t0 : 1e-9) / reps;
     }
+    /* What was timed must also be right: the fused and split outputs against
+     * the naive one (the same sums in other orders), relative to its largest
+     * value, as the tests compare; NaN anywhere counts as above. */
+    for (size_t i = 0; i < no; i++) big = fmax(big, fabs((double)outs[i]));
+    for (int v = 1; v < 3; v++)
+        for (size_t i = 0; i < no; i++) {
+            double d = fabs((double)outs[v * no + i] - outs[i]) / (big > 0.0 ? big : 1.0);
+            diff[v] = d > diff[v] || d != d ? d : diff[v];
+        }
     printf("attention of one query over T = %d cached positions (%s cache, NH %d, NKV %d, HS %d; each call the next "
            "of %d layers) on %s%s\n", T, kvt_dtype_name(p->dtype), NH, p->NKV, p->HS, m->c.n_layers,
            e->gpu ? kvt_gpu_name() : "the CPU",
@@ -407,7 +419,10 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
         if (csv) fprintf(csv, "%s,%d,%.5f,%.3f\n", names[v], T, ms[v], ms[0] / ms[v]);
     }
     printf("  (split: %d pieces of %d positions)\n", auto_n, auto_len);
-    free(buf); free(sc); free(q);
+    printf("  largest difference from naive: fused %.3g, split + merge %.3g, relative to max |naive| %.3g "
+           "(tolerance KVT_TOL_GPU = %.0e: %s)\n", diff[1], diff[2], big, KVT_TOL_GPU,
+           diff[1] <= KVT_TOL_GPU && diff[2] <= KVT_TOL_GPU ? "within" : "ABOVE");
+    free(buf); free(sc); free(q); free(outs);
     kvt_seq_free(e, &s);
     kvt_engine_free(e);
     return KVT_OK;

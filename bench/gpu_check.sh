@@ -1,43 +1,58 @@
 #!/usr/bin/env bash
 # make gpu-check: everything a GPU machine should tell us, in one call.
-# Build with nvcc, run the test suite on the device (KVT_SYNC=1: a fault is
-# reported at the launch that caused it), the sanitizers, then the figures:
-# copy bandwidth, decode against the HBM bound, naive vs fused attention, split
-# vs unsplit, the cache types at long context.
+#   1 versions   nvcc, the driver, and what the CUDA runtime itself sees (a
+#                driver older than the toolkit: nvidia-smi sees the GPU, the
+#                runtime none; the run stops there with the runtime's reason)
+#   2 build      kvt and test_kvt with nvcc (sm_80 + sm_90)
+#   3 sanitizers compute-sanitizer memcheck and racecheck on small runs that
+#                launch every kind of kernel (naive and fused attention, split
+#                + merge, the rows, batch and tiled matmuls, fp16 and int8 caches)
+#   4 figures    copy bandwidth, decode against the HBM bound, naive vs fused
+#                attention (and the largest difference between their outputs,
+#                which must stay within the tolerance), split vs unsplit, the
+#                cache types at long context
+#   5 tests      the whole suite on the device (KVT_SYNC=1: a fault is reported
+#                at the launch that caused it); its first line must name the GPU
+# The figures come before the suite: the suite runs every CPU check as well and
+# may take minutes, and a short lease should still bring the figures back.
 #
-# One line per figure on stdout, and the same lines plus each step's full
-# output under RESULTS (default bench/out/gpu): summary.txt, <step>.log, CSVs.
-# Every step runs under what is left of GPU_CHECK_BUDGET seconds (default 220):
-# once it is spent the remaining steps are listed as skipped, so a short lease
-# still brings back everything that ran.
+# One line per step on stdout, and the same lines plus each step's full output
+# under RESULTS (default bench/out/gpu): summary.txt, <step>.log, CSVs. Every
+# step runs under what is left of GPU_CHECK_BUDGET seconds (default 420: a
+# 10-minute call less the machine's start and the transfers); once it is spent
+# the remaining steps are listed as skipped, so a short lease still brings back
+# everything that ran. The last lines give each step's seconds.
 #
-# DRY=1 (make gpu-check-dry, in CI): the same steps with the C build, tiny
-# shapes and the emulation, sanitizers and (unless DRY_TESTS=1) the suite
-# skipped, so the script cannot rot on machines without a GPU. Run it through make, which passes BLAS_DIR on and
-# sets OPENBLAS_CORETYPE where the CPU needs it (docs/GPU.md, "On a GPU machine").
+# DRY=1 (make gpu-check-dry, in CI): the same steps in the same order with the
+# C build, tiny shapes and the emulation, sanitizers and (unless DRY_TESTS=1)
+# the suite skipped, so the script cannot rot on machines without a GPU. Run it
+# through make, which passes BLAS_DIR on and sets OPENBLAS_CORETYPE where the
+# CPU needs it (docs/GPU.md, "Running make gpu-check").
 set -u
 cd "$(dirname "$0")/.."
 DRY=${DRY:-0}
-BUDGET=${GPU_CHECK_BUDGET:-220}
+BUDGET=${GPU_CHECK_BUDGET:-420}
 RESULTS=${RESULTS:-bench/out/gpu}
 mkdir -p "$RESULTS"
 SUMMARY="$RESULTS/summary.txt"
 : > "$SUMMARY"
 START=$(date +%s)
 FAILED=0
+TIMES=""
 
 say() { echo "$*" | tee -a "$SUMMARY"; }
 left() { echo $((BUDGET - ($(date +%s) - START))); }
-# step NAME CMD...: run CMD with the budget left, its output to NAME.log;
-# returns CMD's status (124: it ran out of budget).
+# step NAME CMD...: run CMD with the budget left, its output to NAME.log, its
+# seconds noted for the last lines; returns CMD's status (124: out of budget).
 step() {
   local name=$1; shift
   local t=$(left)
-  if [ "$t" -le 0 ]; then say "$name: skipped (budget of ${BUDGET}s spent)"; return 124; fi
+  if [ "$t" -le 0 ]; then say "$name: skipped (budget of ${BUDGET}s spent)"; TIMES="$TIMES $name=skipped"; return 124; fi
   local t0=$(date +%s)
   timeout "$t" "$@" > "$RESULTS/$name.log" 2>&1
   local rc=$?
   local dt=$(($(date +%s) - t0))
+  TIMES="$TIMES $name=${dt}s"
   if [ $rc = 124 ]; then say "$name: stopped after ${dt}s (budget of ${BUDGET}s spent)"
   elif [ $rc != 0 ]; then say "$name: FAILED (exit $rc, ${dt}s): $(grep -m1 -E 'FAIL|rror|kvt:' "$RESULTS/$name.log")"; FAILED=1
   fi
@@ -45,6 +60,25 @@ step() {
 }
 # the line of a step's log that carries its figure, prefixed by the step's name
 figure() { local line; line=$(grep -m1 -E "$2" "$RESULTS/$1.log"); say "$1: ${line:-no figure in $1.log}"; }
+# --bench attention checks what it timed: fused and split against naive
+attn_diff() {
+  if grep -q 'largest difference from naive.*: within)' "$RESULTS/$1.log"; then figure "$1" 'largest difference'
+  else say "$1: FAILED: $(grep -m1 'largest difference' "$RESULTS/$1.log" || echo 'no difference line in the log')"; FAILED=1
+  fi
+}
+
+# The CUDA tools: nvcc on PATH, else CUDA's usual folders; compute-sanitizer
+# on PATH, else beside nvcc or under CUDA_HOME (the toolkit's own folder).
+NVCC=$(command -v nvcc || true)
+for d in "${CUDA_HOME:-}/bin" /usr/local/cuda/bin; do
+  [ -n "$NVCC" ] || { [ -x "$d/nvcc" ] && NVCC="$d/nvcc"; }
+done
+SAN=$(command -v compute-sanitizer || true)
+if [ -n "$NVCC" ]; then NVDIR=$(dirname "$NVCC"); else NVDIR=/nonexistent; fi
+for f in "$NVDIR/compute-sanitizer" "$NVDIR/../compute-sanitizer/compute-sanitizer" \
+         "${CUDA_HOME:-/nonexistent}/bin/compute-sanitizer" "${CUDA_HOME:-/nonexistent}/compute-sanitizer/compute-sanitizer"; do
+  [ -n "$SAN" ] || { [ -x "$f" ] && SAN="$f"; }
+done
 
 if [ "$DRY" = 1 ]; then
   BUILD=c
@@ -64,35 +98,93 @@ fi
 say "gpu-check $(date -u '+%Y-%m-%d %H:%M UTC'), budget ${BUDGET}s, device: ${DEV:-none found}"
 [ "$DRY" = 1 ] || [ -n "$DEV" ] || { say "no GPU visible to nvidia-smi: run DRY=1 (make gpu-check-dry) instead"; exit 1; }
 
-step build make BUILD=$BUILD -B kvt test_kvt && say "build: BUILD=$BUILD, $(grep -c -E '^(cc|.*nvcc) ' "$RESULTS/build.log") compiles, ok" || {
-  say "build failed: nothing else can run"; exit 1; }
-if [ "$DRY" = 1 ] && [ "${DRY_TESTS:-0}" != 1 ]; then
-  say "tests: skipped (DRY=1: make test runs the same suite; DRY_TESTS=1 runs it here)"
-else
-  step tests env KVT_SYNC=1 ./test_kvt ./kvt; figure tests 'passed, .* failed'
+# 1 versions. The probe asks the CUDA runtime what it sees; nvidia-smi only
+# asks the driver, so a toolkit newer than the driver shows a GPU there while
+# every CUDA call fails: the suite would then skip its GPU checks and pass.
+NVCC_VERSION="not found"
+[ -z "$NVCC" ] || NVCC_VERSION="$("$NVCC" --version | grep -o -m1 'release [0-9.]*, V[0-9.]*') ($NVCC)"
+DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
+say "versions: nvcc $NVCC_VERSION; driver ${DRIVER:-none (no nvidia-smi, or it sees no GPU)}; compute-sanitizer ${SAN:-not installed}"
+if [ -n "$NVCC" ]; then
+  cat > "$RESULTS/probe.cu" <<'EOF'
+#include <cstdio>
+#include <cuda_runtime.h>
+int main() { /* what the CUDA runtime sees: its version, the driver's, the devices */
+    int rt = 0, drv = 0, n = 0;
+    cudaRuntimeGetVersion(&rt);
+    cudaDriverGetVersion(&drv);
+    cudaError_t e = cudaGetDeviceCount(&n);
+    printf("runtime %d.%d, driver API %d.%d: ", rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10);
+    if (e != cudaSuccess || n == 0) {
+        printf("no device (cudaGetDeviceCount: %s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return 1;
+    }
+    cudaDeviceProp p;
+    cudaGetDeviceProperties(&p, 0);
+    printf("%d device(s), the first %s (sm_%d%d)\n", n, p.name, p.major, p.minor);
+    return 0;
+}
+EOF
+  "$NVCC" -o "$RESULTS/probe" "$RESULTS/probe.cu" > "$RESULTS/probe.log" 2>&1 && "$RESULTS/probe" > "$RESULTS/probe.log" 2>&1
+  PROBE_RC=$?
+  say "versions: the CUDA runtime: $(head -1 "$RESULTS/probe.log")"
+  if [ "$DRY" != 1 ] && [ $PROBE_RC != 0 ]; then
+    say "versions: FAILED: nvidia-smi sees '$DEV', but the CUDA runtime sees no device: $(head -1 "$RESULTS/probe.log")"
+    grep -q -i insufficient "$RESULTS/probe.log" &&
+      say "  (a driver older than the toolkit: build with the toolkit that matches the driver, or install a newer driver)"
+    exit 1
+  fi
+elif [ "$DRY" != 1 ]; then
+  say "versions: FAILED: no nvcc (PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin): nothing can be built"; exit 1
 fi
 
+# 2 build
+step build make BUILD=$BUILD -B -j2 kvt test_kvt && say "build: BUILD=$BUILD, $(grep -c -E '^(cc|.*nvcc) ' "$RESULTS/build.log") compiles, ok" || {
+  say "build failed: nothing else can run"; exit 1; }
+
+# 3 sanitizers: tiny runs, each launching a different set of kernels
+SAN_RUNS=("--prompt-tokens 20 -n 3 --attn naive --kv-dtype fp16"  # tiled matmul (20 rows), rows kernel, naive kernels, fp16
+          "--prompt-tokens 12 -n 3 --split 4 --kv-dtype int8"     # batch matmul (12 rows), fused int8, split + merge
+          "--prompt-tokens 12 -n 3 --split 4")                    # fused fp32, split + merge
 if [ "$DRY" = 1 ]; then
-  say "sanitizers: skipped (DRY=1: no device)"
+  say "sanitizers: skipped (DRY=1: no device); on a GPU memcheck and racecheck, ${#SAN_RUNS[@]} runs each"
+elif [ -z "$SAN" ]; then
+  say "sanitizers: skipped: not installed (no compute-sanitizer on PATH, beside nvcc or under CUDA_HOME)"
 else
   for tool in memcheck racecheck; do
-    if step "sanitizer-$tool" compute-sanitizer --tool $tool --error-exitcode 9 \
-        ./kvt --random 64,2,4,2,128,100,64 -n 4 -t 0 --device gpu; then
-      figure "sanitizer-$tool" 'ERROR SUMMARY|RACECHECK SUMMARY'
+    if step "sanitizer-$tool" bash -c 'san=$1 tool=$2; shift 2; for a in "$@"; do
+          "$san" --tool "$tool" --error-exitcode 9 ./kvt --random 64,2,4,2,128,100,64 -t 0 --device gpu $a || exit $?; done' \
+        _ "$SAN" "$tool" "${SAN_RUNS[@]}"; then
+      say "sanitizer-$tool: ${#SAN_RUNS[@]} runs: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$RESULTS/sanitizer-$tool.log" | sort | uniq -c | sed 's/^ *//' | paste -sd ';')"
     elif grep -q -i -E "not supported|unable|permission" "$RESULTS/sanitizer-$tool.log"; then
       say "sanitizer-$tool: the runtime refused it: $(grep -m1 -i -E 'not supported|unable|permission' "$RESULTS/sanitizer-$tool.log")"
     fi
   done
 fi
 
+# 4 figures
 step decode ./kvt $M7B --bench decode --device gpu --csv "$RESULTS/decode.csv" && {
   figure decode 'memory bandwidth'; figure decode '^decode'; }
 step attention-4k ./kvt $MATT --bench attention --bench-ctx $A4K --device gpu --csv "$RESULTS/attention_4k.csv" && {
-  figure attention-4k 'naive'; figure attention-4k 'fused \(one pass\)'; }
+  figure attention-4k 'naive'; figure attention-4k 'fused \(one pass\)'; attn_diff attention-4k; }
 step attention-16k ./kvt $MATT --bench attention --bench-ctx $A16K --device gpu --csv "$RESULTS/attention_16k.csv" && {
-  figure attention-16k 'fused \(one pass\)'; figure attention-16k 'split \+ merge'; figure attention-16k 'pieces'; }
+  figure attention-16k 'fused \(one pass\)'; figure attention-16k 'split \+ merge'; figure attention-16k 'pieces'
+  attn_diff attention-16k; }
 step context ./kvt $MCTX --bench context --bench-ctx $CTX --bench-batch 4 --device gpu --csv "$RESULTS/context.csv" && {
   for dt in fp32 fp16 int8; do figure context "^$dt "; done; }
 
+# 5 tests: the suite's first line names where its GPU checks ran
+if [ "$DRY" = 1 ] && [ "${DRY_TESTS:-0}" != 1 ]; then
+  say "tests: skipped (DRY=1: make test runs the same suite; DRY_TESTS=1 runs it here)"
+elif step tests env KVT_SYNC=1 ./test_kvt ./kvt || [ -s "$RESULTS/tests.log" ]; then
+  figure tests 'passed, .* failed'
+  ran=$(grep -m1 -o 'GPU kernels run on: .*' "$RESULTS/tests.log" | sed 's/GPU kernels run on: //')
+  if [ "$DRY" != 1 ] && ! echo "$ran" | grep -q '(sm_[0-9]*)'; then
+    say "tests: FAILED: the suite's GPU checks did not run on the device (GPU kernels run on: ${ran:-no such line})"; FAILED=1
+  else say "tests: GPU kernels ran on: ${ran:-no such line}"
+  fi
+fi
+
+say "seconds per step:$TIMES"
 say "gpu-check: $([ $FAILED = 0 ] && echo 'every step that ran passed' || echo 'FAILED steps above'), $(( $(date +%s) - START ))s; results in $RESULTS"
 exit $FAILED
