@@ -188,28 +188,10 @@ static double kvt_now(void) { /* seconds, monotonic */
 #define KVT_MAX_ROWS 4096   /* most rows (new tokens) in one forward call */
 #define KVT_MAX_SEQS 4096   /* most sequences in one engine (max_seqs) */
 
-/* Launches per kernel, counted by name in both builds (KVT_LAUNCH calls
- * kvt_launch_counted), so a test can ask whether a path really ran a kernel:
- * kvt_launch_count("attn_softmax_warp_kernel") (exercise 4). A small table in
- * first-launch order; a launch costs a scan of at most a few names, nothing
- * next to the launch itself. Launches come from one host thread: no locking. */
-#define KVT_MAX_KERNELS 32 /* room for every kernel of the file, twice over */
-static struct { const char *name; long count; } kvt_launches[KVT_MAX_KERNELS];
-static void kvt_launch_counted(const char *name) { /* name: #kernel, a literal that outlives the table */
-    for (int i = 0; i < KVT_MAX_KERNELS; i++)
-        if (!kvt_launches[i].name || kvt_launches[i].name == name || !strcmp(kvt_launches[i].name, name)) {
-            kvt_launches[i].name = name;
-            kvt_launches[i].count++;
-            return;
-        }
-    kvt_fatal(__FILE__, __LINE__, "kernel %s: more than KVT_MAX_KERNELS kernel names launched", name);
-}
-/* How many times the kernel of that name was launched so far (0: never). */
-static __attribute__((unused)) long kvt_launch_count(const char *name) {
-    for (int i = 0; i < KVT_MAX_KERNELS && kvt_launches[i].name; i++)
-        if (!strcmp(kvt_launches[i].name, name)) return kvt_launches[i].count;
-    return 0;
-}
+/* Launches per kernel, counted by name in both builds (KVT_LAUNCH calls it;
+ * the table and kvt_launch_count are in cli/inspect.c): a test can ask
+ * whether a path really ran a kernel. */
+static void kvt_launch_counted(const char *name);
 
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
@@ -1743,18 +1725,11 @@ KVT_INLINE void attn_fused_block(float *out, float *part, const float *q, kvt_kv
 }
 /* One kernel per way of reading the cache: 16-byte units of fp32, fp16,
  * int8, or one value at a time (any type, any shape). */
-__global__ void attn_fused_fp32_kernel(float *out, float *part, const float *q, kvt_kv kv, int l, int NH, int sl, int ns) {
-    attn_fused_block(out, part, q, kv, l, NH, sl, ns, 4);
-}
-__global__ void attn_fused_fp16_kernel(float *out, float *part, const float *q, kvt_kv kv, int l, int NH, int sl, int ns) {
-    attn_fused_block(out, part, q, kv, l, NH, sl, ns, 8);
-}
-__global__ void attn_fused_int8_kernel(float *out, float *part, const float *q, kvt_kv kv, int l, int NH, int sl, int ns) {
-    attn_fused_block(out, part, q, kv, l, NH, sl, ns, 16);
-}
-__global__ void attn_fused_kernel(float *out, float *part, const float *q, kvt_kv kv, int l, int NH, int sl, int ns) {
-    attn_fused_block(out, part, q, kv, l, NH, sl, ns, 1);
-}
+#define KVT_FUSED(name, W) \
+    __global__ void name(float *out, float *part, const float *q, kvt_kv kv, int l, int NH, int sl, int ns) { \
+        attn_fused_block(out, part, q, kv, l, NH, sl, ns, W); }
+KVT_FUSED(attn_fused_fp32_kernel, 4) KVT_FUSED(attn_fused_fp16_kernel, 8) KVT_FUSED(attn_fused_int8_kernel, 16)
+KVT_FUSED(attn_fused_kernel, 1)
 /* grid (NH, n), block (KVT_THREADS): thread c merges channel c of all pieces. */
 __global__ void attn_merge_kernel(float *out, const float *part, int NH, int HS, int nsplit) {
     int h = (int)blockIdx.x, r = (int)blockIdx.y;
@@ -2172,19 +2147,8 @@ static void attn_split(const kvt_engine *e, int max_pos, int n_rows, int *split_
     *nsplit = kvt_cdiv(T, len);
 }
 
-/* The hook of --dump-attn (kvt_options.attn_probe): layer l's softmax weights
- * of the call's n rows, (n, NH, TMAX) in e->scores, handed to the probe on the
- * host. The naive path has just left them there. The fused path never forms
- * them (that is its point), so the naive path's own ops compute them once more
- * from the same rotated q and the same cached K: the weights the fused pass
- * used, up to rounding. Their output goes to xb2, which the wo matmul
- * overwrites next. A look, not a hot path: one more naive attention a layer. */
-static void attn_probe_rows(kvt_engine *e, kvt_kv kv, int l, int n) {
-    int NH = e->m->c.n_heads, TMAX = e->m->c.seq_len;
-    if (e->o.attn != KVT_ATTN_NAIVE) e->op->attention_naive(e->xb2, e->q, kv, l, n, NH, e->scores, TMAX);
-    buf_download(e->gpu, e->h_scores, e->scores, (size_t)n * NH * TMAX * sizeof(float));
-    e->o.attn_probe(e->o.attn_ctx, l, n, e->h_pos, e->h_scores, NH, TMAX);
-}
+/* The hook of --dump-attn (kvt_options.attn_probe), in cli/inspect.c. */
+static void attn_probe_rows(kvt_engine *e, kvt_kv kv, int l, int n);
 
 /* The transformer on n rows whose row_pos/row_len/row_tab and chunk tables are
  * already on the device. Writes each row's K/V into the cache, and the logits

@@ -1,7 +1,9 @@
 /* kvtransformer.cu §15, end: the pool seen from outside, included by
  * kvtransformer.cu at the end of §15. What --stats counts, what --trace
- * prints (and gdb calls), the pool's consistency check, and one cached
- * position read back (tests, debugging). Nothing here changes the engine. */
+ * prints (and gdb calls), the pool's consistency check, one cached position
+ * read back (tests, debugging), the launch count of each kernel, and the
+ * hook --dump-attn looks through. Nothing here changes what the engine
+ * computes. */
 
 /* The engine's live sequences as an array (NULL when there are none): the
  * form kvt_pool_check and kvt_pool_print_seqs take. */
@@ -195,4 +197,41 @@ void kvt_cache_read(kvt_engine *e, const kvt_seq *s, int l, int which, int pos, 
     host.data = raw;
     host.scales = sc;
     for (int c = 0; c < KVD; c++) out[c] = kv_load(&host, (size_t)c);
+}
+
+/* Launches per kernel, counted by name in both builds (KVT_LAUNCH calls
+ * kvt_launch_counted), so a test can ask whether a path really ran a kernel:
+ * kvt_launch_count("attn_softmax_warp_kernel") (exercise 4). A small table in
+ * first-launch order; a launch costs a scan of at most a few names, nothing
+ * next to the launch itself. Launches come from one host thread: no locking. */
+#define KVT_MAX_KERNELS 32 /* room for every kernel of the file, twice over */
+static struct { const char *name; long count; } kvt_launches[KVT_MAX_KERNELS];
+static void kvt_launch_counted(const char *name) { /* name: #kernel, a literal that outlives the table */
+    for (int i = 0; i < KVT_MAX_KERNELS; i++)
+        if (!kvt_launches[i].name || kvt_launches[i].name == name || !strcmp(kvt_launches[i].name, name)) {
+            kvt_launches[i].name = name;
+            kvt_launches[i].count++;
+            return;
+        }
+    kvt_fatal(__FILE__, __LINE__, "kernel %s: more than KVT_MAX_KERNELS kernel names launched", name);
+}
+/* How many times the kernel of that name was launched so far (0: never). */
+static __attribute__((unused)) long kvt_launch_count(const char *name) {
+    for (int i = 0; i < KVT_MAX_KERNELS && kvt_launches[i].name; i++)
+        if (!strcmp(kvt_launches[i].name, name)) return kvt_launches[i].count;
+    return 0;
+}
+
+/* The hook of --dump-attn (kvt_options.attn_probe): layer l's softmax weights
+ * of the call's n rows, (n, NH, TMAX) in e->scores, handed to the probe on the
+ * host. The naive path has just left them there. The fused path never forms
+ * them (that is its point), so the naive path's own ops compute them once more
+ * from the same rotated q and the same cached K: the weights the fused pass
+ * used, up to rounding. Their output goes to xb2, which the wo matmul
+ * overwrites next. A look, not a hot path: one more naive attention a layer. */
+static void attn_probe_rows(kvt_engine *e, kvt_kv kv, int l, int n) {
+    int NH = e->m->c.n_heads, TMAX = e->m->c.seq_len;
+    if (e->o.attn != KVT_ATTN_NAIVE) e->op->attention_naive(e->xb2, e->q, kv, l, n, NH, e->scores, TMAX);
+    buf_download(e->gpu, e->h_scores, e->scores, (size_t)n * NH * TMAX * sizeof(float));
+    e->o.attn_probe(e->o.attn_ctx, l, n, e->h_pos, e->h_scores, NH, TMAX);
 }
