@@ -87,8 +87,9 @@ hunt() {
   echo "[bughunt] bug $n is applied to a copy of the committed tree in $d, built there: kvt-debug (-O0 -g),"
   echo "          kvt and test_kvt (-O1 -g). (That copy holds the bugged source, for gdb: diffing it is reading the answer.)"
   echo "[bughunt] make test on it, showing only the failed checks as they come (a few minutes; KVT_TEST_FIRST_FAIL=1 stops at the first):"
+  : > "$d/suite.log" # there before tail looks for it
   (cd "$d" && OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} ./test_kvt ./kvt > suite.log 2>&1) &
-  local pid=$! shown=0
+  local pid=$!
   # the FAIL lines with the mismatches printed just before them, while the suite runs
   tail -n +1 -f --pid=$pid "$d/suite.log" 2>/dev/null | awk -v max=12 '
     /^    mismatch at / { held[nh++] = $0; next }
