@@ -40,12 +40,12 @@ runs() { # the two runs, each on one line
   local m="--random 64,2,4,2,128,100,64"
   case $1 in
   1) echo "$m -n 12 -t 0 --device cpu"; echo "$m -n 12 -t 0 --device cpu --kv-cache off" ;;
-  2) echo "-n 24 -t 0 --device gpu --attn naive --check"; echo "-n 24 -t 0 --device cpu --attn fused" ;;
+  2) echo "-n 24 -t 0 --attn naive --device cpu"; echo "-n 24 -t 0 --attn naive --device gpu --check" ;;
   3) echo "$m --prompt-tokens 6 --chunk 4 --fork 3 -n 6 -t 0 --device cpu"
      echo "$m --prompt-tokens 6 --chunk 4 --fork 3 -n 6 -t 0 --device cpu --fork-share off" ;;
-  4) echo "-n 24 -t 0 --kv-dtype int8 --kv-group 8 --device gpu --attn naive --check"
-     echo "-n 24 -t 0 --kv-dtype int8 --kv-group 8 --device cpu --attn fused" ;;
-  5) echo "-n 40 -t 0 --split 8 --device gpu --check"; echo "-n 40 -t 0 --split -1 --device cpu" ;;
+  4) echo "-n 24 -t 0 --kv-dtype int8 --kv-group 8 --attn naive --device cpu"
+     echo "-n 24 -t 0 --kv-dtype int8 --kv-group 8 --attn naive --device gpu --check" ;;
+  5) echo "-n 40 -t 0 --split 8 --device cpu"; echo "-n 40 -t 0 --split 8 --device gpu --check" ;;
   6) echo "-n 160 -t 0 --device cpu --dump-tokens on.txt"; echo "-n 160 -t 0 --device cpu --kv-cache off --dump-tokens off.txt" ;;
   esac
 }
