@@ -33,7 +33,7 @@ story() {
   3) echo "--fork 3 -t 0: three greedy continuations of one prompt must be the same text, yet sequences 0 and 1 part from sequence 2 (and from --fork-share off)." ;;
   4) echo "An int8 cache with --kv-group 8: --attn naive writes other text than --attn fused; with --kv-group 16 (one group per head) they agree." ;;
   5) echo "--split 8 turns the default model's greedy text into gibberish; --split -1 (never split) and --kv-cache off agree." ;;
-  6) echo "The default model's greedy text is right for 129 positions, then turns to gibberish; --kv-cache off stays right." ;;
+  6) echo "The default model's greedy text is right for about 130 positions, then turns to gibberish; --kv-cache off stays right." ;;
   esac
 }
 runs() { # the two runs, each on one line
