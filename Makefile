@@ -13,6 +13,7 @@
 #   make walkthrough  run docs/GDB.md's gdb sessions in batch mode and the --trace captures of README.md and docs/USAGE.md (checks them)
 #   make fuzz       libFuzzer on the checkpoint loader, tokenizer loader, prompt encoder, command line
 #   make exercise N=k   check exercise k (README, Exercises); make exercises-selftest
+#   make bughunt N=k    bug hunt k (README, Bug hunts): a seeded bug's failed checks, then gdb; ANSWER=function checks your answer
 #   make nvcc-check compile the CUDA build for sm_80 and sm_90 (no GPU needed)
 #   make gpu-check  on a GPU machine: nvcc build, tests, sanitizers and GPU figures in one call
 #   make gpu-check-dry  the same script on the C build and the emulation (CI)
@@ -274,6 +275,16 @@ exercise: deps
 # (exercises/selftest.sh says which; BASE=<commit> names it).
 exercises-selftest:
 	BASE='$(BASE)' bash exercises/selftest.sh
+
+# Bug hunts (exercises/bugs/hunt.sh): bug N applied to a copy of the committed
+# tree in a scratch folder, built there (kvt-debug -O0 -g; kvt, test_kvt -O1 -g),
+# the suite's failed checks, the runs to compare; ANSWER=function judges an answer.
+.PHONY: bughunt
+bughunt: export OMP_WAIT_POLICY ?= passive
+bughunt: $(if $(ANSWER),,deps)
+	@test -n "$(N)" || { echo "usage: make bughunt N=<1..6> [ANSWER=function]   (README, Bug hunts)"; exit 2; }
+	@if [ -n "$(ANSWER)" ]; then bash exercises/bugs/hunt.sh "$(N)" "$(ANSWER)"; \
+	else CC="$(CC)" BLAS_CFLAGS="$(BLAS_CFLAGS)" LIBS="$(LIBS)" bash exercises/bugs/hunt.sh "$(N)"; fi
 
 # docs/GDB.md's gdb sessions (.ci/walkthrough.sh) and the captured --trace output (.ci/see-it.sh)
 walkthrough: debug kvt

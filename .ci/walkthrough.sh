@@ -13,6 +13,8 @@
 # claim with gdb's output (check mode; the matching rules are written there).
 # Fails if gdb reports an error in any command, if any claim is wrong, or if
 # the cache on / cache off sessions (1 and 2) print different logits.
+# "<!-- gdb-session bug K: ARGS -->" runs its session against bug hunt K's
+# debug binary instead (exercises/bugs/hunt.sh builds it in the scratch folder).
 #   bash .ci/walkthrough.sh [FILE]    (default docs/GDB.md)
 set -u
 cd "$(dirname "$0")/.."
@@ -30,7 +32,9 @@ awk -v dir="$tmp" '
     para = ""
   }
   /^## / { spans(); sec++; next }
-  /^<!-- gdb-session: / { spans(); n++; a = $0; sub(/^<!-- gdb-session: /, "", a); sub(/ -->$/, "", a)
+  /^<!-- gdb-session( bug [0-9]+)?: / { spans(); n++; a = $0
+                          if (match(a, /^<!-- gdb-session bug [0-9]+/)) print substr(a, 22, RLENGTH - 21) > (dir "/" n ".bug")
+                          sub(/^<!-- gdb-session( bug [0-9]+)?: /, "", a); sub(/ -->$/, "", a)
                           print a > (dir "/" n ".args"); print n, sec > (dir "/map"); armed = 1; next }
   armed && /^```gdb$/ { armed = 0; inblock = 1; printf "" > (dir "/" n ".txt"); next }
   inblock && /^```$/ { inblock = 0; next }
@@ -47,20 +51,24 @@ fail=0
 for i in $(seq 1 "$n"); do
   sec=$(awk -v i="$i" '$1 == i { print $2 }' "$tmp/map")
   [ -f "$tmp/sec$sec.prose" ] && cp "$tmp/sec$sec.prose" "$tmp/$i.prose"
-  args=$(cat "$tmp/$i.args")
+  args=$(cat "$tmp/$i.args") bin=./kvt-debug name=./kvt-debug
+  if [ -f "$tmp/$i.bug" ]; then # bug hunt K's debug binary, built once
+    k=$(cat "$tmp/$i.bug") && bin=$tmp/bug$k/kvt-debug name="bug $k's kvt-debug"
+    [ -x "$bin" ] || bash exercises/bugs/hunt.sh build "$k" "$tmp/bug$k" || { echo "FAIL walkthrough session $i: bug $k"; fail=1; continue; }
+  fi
   # shellcheck disable=SC2086
   KVT_GDB_TRANSCRIPT="$tmp/$i.txt" OMP_WAIT_POLICY=passive timeout 120 gdb -q -nx -batch -x .ci/gdb_session.py \
-    --args ./kvt-debug $args > "$tmp/$i.out" 2>&1
+    --args $bin $args > "$tmp/$i.out" 2>&1
   KVT_GDB_CHECK=1 KVT_GDB_TRANSCRIPT="$tmp/$i.txt" KVT_GDB_OUT="$tmp/$i.out" KVT_GDB_PROSE="$tmp/$i.prose" \
     gdb -q -nx -batch -x .ci/gdb_session.py > "$tmp/$i.check" 2>&1
   verdict=$(grep '^\[walkthrough\] claims: ' "$tmp/$i.check")
   if grep -q "Error in sourced command file" "$tmp/$i.out" || ! grep -q '^\[walkthrough\] claims: [0-9]* checked, 0 wrong$' "$tmp/$i.check"; then
-    echo "FAIL walkthrough session $i (./kvt-debug $args): ${verdict#\[walkthrough\] }"
+    echo "FAIL walkthrough session $i ($name $args): ${verdict#\[walkthrough\] }"
     grep -A3 "Error in sourced command file" "$tmp/$i.out"
     grep -v '^\[walkthrough\] claims: ' "$tmp/$i.check" | head -60
     fail=1
   else
-    echo "PASS walkthrough session $i: ${verdict#\[walkthrough\] } (./kvt-debug $args)"
+    echo "PASS walkthrough session $i: ${verdict#\[walkthrough\] } ($name $args)"
   fi
 done
 # sessions 1 and 2 end by printing the logits of the same step with and without the cache
