@@ -1463,7 +1463,7 @@ static void check_trace_totals(kvt_engine *e, const kvt_seq *const *live, int n,
     free(text);
 }
 
-/* Issue 16: the trace of a small scenario against text written by hand from
+/* The trace of a small scenario against text written by hand from
  * the rules (kvtransformer.h): a prefill of 6 tokens with CH 4 (chunks 0, 1;
  * the second 2/4 full), a fork, a decode into the fork (copy-on-write of the
  * shared partial chunk into the next free chunk, 2), the parent freed (chunk
@@ -1813,7 +1813,7 @@ static void test_cli(void) {
     cli_expect("--random 32,1,4,2,64,50,32 --fork 2 --kv-cache off", 0, "drop --kv-cache off");
 }
 
-/* Issue 12's inputs, one regression check per class: each of these crashed,
+/* Hostile inputs, one regression check per class: each of these crashed,
  * hung, leaked or printed garbage with exit 0 before. */
 static void write_text(const char *path, const char *text, size_t len) {
     FILE *f = fopen(path, "wb");
@@ -1821,11 +1821,11 @@ static void write_text(const char *path, const char *text, size_t len) {
     fwrite(text, 1, len, f);
     fclose(f);
 }
-/* Issue 14, item 4: an API user who leaves kv_group at its default (0) gets
+/* An API user who leaves kv_group at its default (0) gets
  * an engine for any head size, with the group picked by hand-checked rule:
  * 32 if it divides HS, else 16, else HS's largest divisor below 32. The int8
  * logits of one step stay close to fp32's (so the group was really used). */
-/* Issue 14: --tokens, --dump-logits, --dump-tokens, and Hugging Face models. */
+/* --tokens, --dump-logits, --dump-tokens, and Hugging Face models. */
 
 /* A whole binary file (NULL if it cannot be read); *bytes its size. */
 static char *read_all(const char *path, size_t *bytes) {
@@ -2018,7 +2018,7 @@ static void test_dump_logits(void) {
     remove(tpath);
 }
 
-/* The teaching file's size (issue 13's aim): kvtransformer.cu under 2,400
+/* The teaching file's size (an aim of the project): kvtransformer.cu under 2,400
  * lines, at least a quarter of them comment lines. A comment line is one
  * inside a block comment, or one whose first non-blank characters open a
  * comment; a line of code with a comment after it counts as code. The tuned
@@ -2565,7 +2565,7 @@ static void test_gpu_alloc_error(void) {
     kvt_model_free(&m);
 }
 
-/* Sizes past int or size_t, and models or caches larger than memory (issue 12):
+/* Sizes past int or size_t, and models or caches larger than memory:
  * each is one error line, and nothing stays allocated (make test-asan checks
  * for leaks). KVT_MEM_LIMIT stands in for the machine's available memory. */
 static void test_sizes(void) {
