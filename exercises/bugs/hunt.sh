@@ -49,7 +49,7 @@ runs() { # the two runs, each on one line
   6) echo "-n 160 -t 0 --device cpu --dump-tokens on.txt"; echo "-n 160 -t 0 --device cpu --kv-cache off --dump-tokens off.txt" ;;
   esac
 }
-first_break() { # also the README's table, column "first breakpoint"
+first_break() { # also docs/BUGHUNTS.md's table, column "first breakpoint"
   case $1 in
   1) echo "kvt_sample's 2nd call (ignore 1 1) in both runs; then the one thing a decode row does with its position (docs/GDB.md, session 5)" ;;
   2) echo "forward_rows in the prompt's call, layer 0: print e->att[0]@16 after the attention in both runs" ;;
