@@ -1745,6 +1745,15 @@ static void test_bad_input(void) {
     kvt_model_free(&m);
 }
 
+/* The command-line checks need the kvt binary (main's argument): 1 when it
+ * is there, else 0 and one SKIP line naming the checks left out. */
+static int have_kvt(const char *what) {
+    FILE *f = fopen(kvt_bin, "rb");
+    if (f) { fclose(f); return 1; }
+    printf("SKIP %s (no kvt binary given)\n", what);
+    n_skip++;
+    return 0;
+}
 /* Run kvt with args (through the shell: redirections work) and keep the
  * first cap - 1 bytes of stdout + stderr (with stdout_only, of stdout alone:
  * stderr is dropped); returns the exit status (-1: not run). */
@@ -1790,9 +1799,7 @@ static void test_cli_no_device(void) {
     cli_expect("--random 64,1,4,4,64,100,64 -n 2 --device gpu", 0, "--device gpu: no CUDA device found");
 }
 static void test_cli(void) {
-    FILE *f = fopen(kvt_bin, "rb");
-    if (!f) { skip("command-line checks (no kvt binary given)"); return; }
-    fclose(f);
+    if (!have_kvt("command-line checks")) return;
     /* make debug writes ./kvt-debug: the kvt that make test (and make bench) run is never the -O0 one */
     cli_expect("--help", 1, "an optimized build");
     cli_expect("--bogus", 0, "unknown flag '--bogus'");
@@ -1890,9 +1897,7 @@ static int count_of(const char *text, const char *sub) {
  * a file, one step per forward call (and one for the forks), the totals equal
  * to --stats', every layout; a file that cannot be written is refused. */
 static void test_cli_trace(void) {
-    FILE *f = fopen(kvt_bin, "rb");
-    if (!f) { skip("--trace on the command line (no kvt binary given)"); return; }
-    fclose(f);
+    if (!have_kvt("--trace on the command line")) return;
     const char *R = "--random 32,1,4,2,64,50,32", *tf = tmp_file("trace.txt");
     const char *runs[] = {"-n 8 -t 0 --chunk 4", "--fork 3 -n 5 --chunk 4 --prompt-tokens 6 -t 0",
                           "--fork 3 -n 5 --chunk 4 --prompt-tokens 6 -t 0 --fork-share off", "-n 5 -t 0 --chunk 32",
@@ -2266,9 +2271,7 @@ static void test_kv_group_default(void) {
     }
 }
 static void test_hardening(void) {
-    FILE *probe = fopen(kvt_bin, "rb");
-    if (!probe) { skip("hardening checks of the command line (no kvt binary given)"); return; }
-    fclose(probe);
+    if (!have_kvt("hardening checks of the command line")) return;
     const char *R = "--random 32,1,4,2,64,50,32";
     char args[512], out[4096], out2[4096];
     /* a checkpoint with the default tokenizer's V = 68, TMAX 1 (item 1) and one with a NaN weight (item 7) */
@@ -2405,9 +2408,7 @@ static int file_is(const char *path, const char *want_path) { /* the same bytes 
     return same;
 }
 static void test_outputs(void) {
-    FILE *probe = fopen(kvt_bin, "rb");
-    if (!probe) { skip("output checks of the command line (no kvt binary given)"); return; }
-    fclose(probe);
+    if (!have_kvt("output checks of the command line")) return;
     char args[1024], out[4096], out2[4096];
     /* copies of the default model and tokenizer, and a hard link to the model */
     size_t nm = 0, nt = 0;
@@ -2706,9 +2707,7 @@ static int png_file(const char *path) {
     return n == 8 && !memcmp(sig, "\x89PNG\r\n\x1a\n", 8);
 }
 static void test_bench_run(void) {
-    FILE *f = fopen(kvt_bin, "rb");
-    if (!f) { skip("make bench checks (no kvt binary given)"); return; }
-    fclose(f);
+    if (!have_kvt("make bench checks")) return;
     if (system("git rev-parse --is-inside-work-tree > /dev/null 2>&1 && test -f bench/run.sh") != 0) {
         skip("make bench checks (not run from a git checkout)");
         return;
@@ -2732,9 +2731,7 @@ static void test_bench_run(void) {
            "make bench's plotted tables hold medians with min and max over the runs");
 }
 static void test_bench_shapes(void) {
-    FILE *f = fopen(kvt_bin, "rb");
-    if (!f) { skip("bench shape checks (no kvt binary given)"); return; }
-    fclose(f);
+    if (!have_kvt("bench shape checks")) return;
     /* too short: the reason, and what the bench needs */
     cli_expect("--random 32,1,2,2,64,50,2 --chunk 1 --bench decode", 0, "--bench decode needs TMAX >= 4 (a prompt at");
     cli_expect("--random 32,1,2,2,64,50,3 --chunk 1 --bench decode", 0, "needs TMAX >= 4 (a prompt at position 0, an "
@@ -3665,9 +3662,7 @@ static int chat_vs_whole(const char *what, const char *model, const char *flags,
  * cache-off run over the transcript; with --kv-cache off the same transcript
  * comes out, and its stats say each call recomputed it. */
 static void test_chat_default_model(void) {
-    FILE *f = fopen(kvt_bin, "rb");
-    if (!f) { skip("--chat on the default model (no kvt binary given)"); return; }
-    fclose(f);
+    if (!have_kvt("--chat on the default model")) return;
     const char *lines[3] = {"ROMEO: What news?", "JULIET: None.", "ROMEO: Farewell, then."};
     const char *turns = tmp_file("turns.txt");
     char text[256], out[16384];
@@ -3732,9 +3727,7 @@ static void test_chat_default_model(void) {
  * the logits of one run over the transcript; each turn computes its own ids
  * plus -n reply tokens. */
 static void test_chat_random(void) {
-    FILE *f = fopen(kvt_bin, "rb");
-    if (!f) { skip("--chat on a random model (no kvt binary given)"); return; }
-    fclose(f);
+    if (!have_kvt("--chat on a random model")) return;
     const char *model = "--random 64,2,4,2,128,100,64", *turns = tmp_file("idturns.txt");
     write_text(turns, "1,5,7,9\n12, 3\n40,41,42,43,44,45,46\n", 35);
     const int own[3] = {4, 2, 7}, reply = 5;
@@ -3808,9 +3801,7 @@ static void chat_expect_ids(const char *what, const char *flags, const char *wan
            "difference at %d)", what, n, ne, first);
 }
 static void test_chat_templates(void) {
-    FILE *f = fopen(kvt_bin, "rb");
-    if (!f) { skip("--chat templates (no kvt binary given)"); return; }
-    fclose(f);
+    if (!have_kvt("--chat templates")) return;
     kvt_model m;
     KVT_ASSERT(kvt_model_random(&m, cfg(32, 1, 4, 2, 64, 99, 256), 5) == KVT_OK);
     KVT_ASSERT(write_checkpoint(tmp_file("chat.bin"), &m, 0, 0));
@@ -3859,9 +3850,7 @@ static void test_chat_templates(void) {
  * what fit: a turn that does not fit, and a reply that reaches the end. Bad
  * input and flags that do not go together: one line, exit status 1. */
 static void test_chat_limits(void) {
-    FILE *f = fopen(kvt_bin, "rb");
-    if (!f) { skip("--chat limits (no kvt binary given)"); return; }
-    fclose(f);
+    if (!have_kvt("--chat limits")) return;
     char out[8192];
     int ids[64];
     write_text(tmp_file("full.txt"), "1,5,7\n9,3\n4,4,4,4,4,4,4,4\n", 26);
@@ -3904,9 +3893,7 @@ static void test_chat_limits(void) {
  * of ./run and theirs: the checkpoint as the first argument, -t -n -i -z -y,
  * and its chat mode spelled --mode chat. Each runs and exits 0. */
 static void test_llama2c_commands(void) {
-    FILE *f = fopen(kvt_bin, "rb");
-    if (!f) { skip("llama2.c's commands (no kvt binary given)"); return; }
-    fclose(f);
+    if (!have_kvt("llama2.c's commands")) return;
     write_text(tmp_file("say.txt"), "ROMEO: Good morrow.\n", 20);
     const char *cmds[] = {
         "weights/model.bin",                                              /* ./run stories15M.bin */
@@ -4043,9 +4030,7 @@ static void test_dump_attn(void) {
     free(ref);
     free(logits);
     kvt_model_free(&m);
-    FILE *f = fopen(kvt_bin, "rb");
-    if (!f) { skip("--dump-attn on the command line (no kvt binary given)"); return; }
-    fclose(f);
+    if (!have_kvt("--dump-attn on the command line")) return;
     /* the command line: 7 prompt positions + 5 generated = 12 rows, every layer and head */
     size_t cells = (size_t)ATT_Q * ATT_L * ATT_H * ATT_Q;
     float *w[4];
