@@ -102,10 +102,10 @@ endif
 # 110M shape ~5% faster, the 15M shape's batch bench ~15%; docs/TUNING.md). A policy
 # set in the environment wins over both.
 SUITES = test test-gpu-sizes test-asan test-valgrind nvcc-test gpu-check-dry walkthrough exercise \
-  exercises-selftest fuzz
+  exercises-selftest fuzz bughunt
 $(SUITES): export OMP_WAIT_POLICY ?= passive
 
-.PHONY: ppl all run test test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest nvcc-check gpu-check clean deps
+.PHONY: ppl all run test test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest bughunt nvcc-check gpu-check clean deps
 
 all: deps kvt
 
@@ -279,8 +279,6 @@ exercises-selftest:
 # Bug hunts (exercises/bugs/hunt.sh): bug N applied to a copy of the committed
 # tree in a scratch folder, built there (kvt-debug -O0 -g; kvt, test_kvt -O1 -g),
 # the suite's failed checks, the runs to compare; ANSWER=function judges an answer.
-.PHONY: bughunt
-bughunt: export OMP_WAIT_POLICY ?= passive
 bughunt: $(if $(ANSWER),,deps)
 	@test -n "$(N)" || { echo "usage: make bughunt N=<1..6> [ANSWER=function]   (README, Bug hunts)"; exit 2; }
 	@if [ -n "$(ANSWER)" ]; then bash exercises/bugs/hunt.sh "$(N)" "$(ANSWER)"; \

@@ -3,9 +3,9 @@
  * Not compiled on its own: kvtransformer.cu includes this file at §20, so
  * everything defined there is visible here, and `make` builds one program
  * (./kvt) as before. What is here: the flags (one table, cli_flags[]), the
- * generation loop with --fork and --prompts (run_single, read_prompts),
- * a conversation (--chat, run_chat), perplexity (--ppl), --stats, main, and kvt_read_file (a whole file into
- * memory: --ppl and the tests). The engine it drives is in
+ * generation loop with --fork and --prompts (run_single, read_prompts), a
+ * conversation (--chat, run_chat), perplexity (--ppl), --stats, main, and
+ * kvt_read_file (a whole file into memory: --ppl and the tests). The engine it drives is in
  * kvtransformer.cu §15; the benchmarks that --bench runs are in bench/bench.c. */
 
 /* A whole file into memory (+ a NUL), read in pieces: no size is assumed, so
@@ -905,7 +905,7 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
  *
  * With --kv-cache off each forward call recomputes the whole transcript, so a
  * turn costs more the longer the conversation; --stats prints both sides. */
-#include <unistd.h> /* isatty: a terminal gets a "User: " prompt, a pipe an echo of each turn */
+#include <unistd.h> /* isatty: a terminal gets a "User: " prompt, a pipe an echo of each turn; STDOUT_FILENO */
 
 /* The transcript, and how far each output has got in it. */
 typedef struct {
@@ -1265,8 +1265,7 @@ static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int
 /* main: defaults, flags, model, then one of the runs; every exit after the
  * model is loaded goes through `done`, which frees everything (valgrind
  * checks that nothing is lost on any of these paths). */
-#include <fcntl.h>  /* fcntl: is standard output open? */
-#include <unistd.h> /* STDOUT_FILENO */
+#include <fcntl.h> /* fcntl: is standard output open? */
 static int cli_main(int argc, char **argv);
 /* Standard output is checked like every other output: a closed one is refused
  * before anything runs (a file opened later would otherwise get its number and
