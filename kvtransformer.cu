@@ -524,6 +524,10 @@ static const char *kvt_gpu_name(void) {
  * fp32 tensors in the order of kvt_weights, with two RoPE tables (TMAX, HS/2)
  * between rms_final and wcls that we skip (RoPE is computed on the fly). A
  * negative vocab_size means the file ends with its own classifier wcls (V, D).
+ * llama2.c's RoPE base is 10000; a model trained with another (SmolLM2: 1e5,
+ * Llama 3: 5e5) carries it in our one extension: 4 bytes "rope" and a float32
+ * base right after the header (file 8 bytes longer; exporters write it only
+ * for a base other than 10000, so every llama2.c file stays as it was).
  *
  * Every size is computed in 64 bits from a validated header and compared with
  * the file's length before anything is allocated or read: a truncated download
@@ -609,6 +613,7 @@ static kvt_status kvt_model_setup(kvt_model *m, kvt_config c, int shared) {
     m->shared_classifier = shared;
     m->head_size = c.dim / c.n_heads;
     m->kv_dim = c.n_kv_heads * m->head_size;
+    m->rope_theta = 10000.0f;
     m->n_floats = kvt_checkpoint_floats(&c, shared);
     kvt_status st = kvt_mem_check(4.0 * (double)m->n_floats, 0, 0.0, 0.0);
     if (st != KVT_OK) return st;
@@ -654,7 +659,14 @@ kvt_status kvt_model_load(kvt_model *m, const char *path) {
     int shared = c.vocab_size > 0;
     c.vocab_size = abs(c.vocab_size);
     long long want = (long long)sizeof(c) + 4LL * (long long)kvt_checkpoint_floats(&c, shared);
-    if (file_bytes != want) {
+    struct { char magic[4]; float theta; } ext = {{0}, 10000.0f}; /* the RoPE-base extension */
+    if (file_bytes == want + 8 && (fread(&ext, 8, 1, f) != 1 || memcmp(ext.magic, "rope", 4) ||
+                                   !(ext.theta > 1.0f && ext.theta < 1e30f))) {
+        fclose(f);
+        return kvt_fail(KVT_EFORMAT, "checkpoint '%s': 8 bytes after the header are not \"rope\" and a RoPE base "
+                        "> 1 (the extension), and the file is 8 bytes too long for llama2.c's format", path);
+    }
+    if (file_bytes != want && file_bytes != want + 8) {
         fclose(f);
         return kvt_fail(KVT_EFORMAT, "checkpoint '%s': its header (dim %d, hidden_dim %d, n_layers %d, "
                         "n_heads %d, n_kv_heads %d, vocab_size %d%s, seq_len %d) needs %lld bytes, "
@@ -664,6 +676,7 @@ kvt_status kvt_model_load(kvt_model *m, const char *path) {
     }
     st = kvt_model_setup(m, c, shared);
     if (st != KVT_OK) { fclose(f); return st; }
+    m->rope_theta = ext.theta;
     size_t got = fread(m->data, sizeof(float), m->n_floats, f);
     fclose(f);
     if (got != m->n_floats) {
@@ -1168,15 +1181,16 @@ static void matmul_gpu(float *out, const float *x, const float *w, int n, int k,
 
 // §10 rope, kv write (+ quantize) -------------------------------------------------
 /* RoPE (Su et al. 2021): inside each head, channels (2i, 2i+1) are a point in the
- * plane, rotated by the angle pos * freq[i], freq[i] = 10000^(-2i/HS). The dot
+ * plane, rotated by the angle pos * freq[i], freq[i] = theta^(-2i/HS), theta the
+ * model's RoPE base (10000 unless its checkpoint says otherwise, §4). The dot
  * product of a rotated q and k then depends only on their distance in
  * positions. This is llama2.c's (and Meta's) adjacent-pair layout, not the
  * "rotate_half" layout of HF exports. The frequencies depend only on the
  * channel, so the engine computes them once (rope_freqs, in float64) and each
  * row computes one cosine and sine per channel pair, shared by all its heads.
  * q (n, NH*HS), k (n, NKV*HS), freq (HS/2), row_pos (n): rotated in place. */
-static void rope_freqs(float *freq, int HS) {
-    for (int i = 0; i < HS / 2; i++) freq[i] = (float)pow(10000.0, -2.0 * i / HS);
+static void rope_freqs(float *freq, int HS, double theta) {
+    for (int i = 0; i < HS / 2; i++) freq[i] = (float)pow(theta, -2.0 * i / HS);
 }
 KVT_HD void rope_rotate(float *v, float cs, float sn) { /* v[0], v[1]: one channel pair */
     float x0 = v[0], x1 = v[1];
@@ -2055,7 +2069,7 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
         st = buf_alloc(i < n_dev ? e->gpu : 0, b[i].p, b[i].bytes, i < n_dev ? "activation buffers" : "host staging buffers");
     if (st != KVT_OK) { kvt_engine_free(e); return st; }
     float freq[KVT_MAX_HS / 2];
-    rope_freqs(freq, HS);
+    rope_freqs(freq, HS, m->rope_theta);
     buf_upload(e->gpu, e->freq, freq, (size_t)HS / 2 * sizeof(float));
     *out = e;
     return KVT_OK;

@@ -68,6 +68,7 @@ typedef struct {
     int shared_classifier;/* 1: wcls is the token embedding */
     int head_size;        /* HS = D / NH */
     int kv_dim;           /* KVD = NKV * HS */
+    float rope_theta;     /* RoPE base: 10000 (llama2.c's), or the file's "rope" extension */
     float *data;          /* every weight, (n_floats) */
     size_t n_floats;
     kvt_weights w;        /* host pointers into data */
@@ -75,8 +76,9 @@ typedef struct {
     kvt_weights d_w;      /* device pointers into d_data */
 } kvt_model;
 
-/* Load a llama2.c (legacy, version 0) checkpoint. Sizes are checked against the
- * file length before anything is allocated. */
+/* Load a llama2.c (legacy, version 0) checkpoint, or one with the RoPE-base
+ * extension (4 bytes "rope" and a float32 base after the header). Sizes are
+ * checked against the file length before anything is allocated. */
 kvt_status kvt_model_load(kvt_model *m, const char *path);
 /* A deterministic random model of the given shape (for tests and benchmarks). */
 kvt_status kvt_model_random(kvt_model *m, kvt_config c, uint64_t seed);

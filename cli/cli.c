@@ -83,9 +83,10 @@ static void usage(FILE *f) {
         "  -s, --seed N            sampling seed (default 42)\n"
         "  --chat, --mode chat     a conversation: a turn per line of stdin (the first may be -i) in one cached\n"
         "                          sequence (--mode generate: one prompt, the default)\n"
-        "  --template llama2|zephyr|plain   --chat: [INST] ... [/INST] (llama2.c's), <|user|> ... (TinyLlama), the\n"
-        "                          text as is (default: llama2 for a byte-fallback vocabulary, else plain)\n"
-        "  -y, --system TEXT       --chat: the system prompt\n"
+        "  --template llama2|zephyr|plain|chatml   --chat: [INST] ... [/INST] (llama2.c's), <|user|> ... (TinyLlama),\n"
+        "                          the text as is, <|im_start|>user ... (SmolLM2, Qwen) (default: chatml when the\n"
+        "                          vocabulary has <|im_start|>, else llama2 with byte fallback, else plain)\n"
+        "  -y, --system TEXT       --chat: the system prompt (chatml's default: SmolLM2's; -y '' for none)\n"
         "  --dump-attn FILE        attention weights as CSV lines query,layer,head,key,weight (key 0..query)\n"
         "  --dump-attn-layer L     --dump-attn: only layer L (default: all)\n"
         "  --kv-cache on|off       off: every step recomputes the whole sequence (default on); its K/V\n"
@@ -219,8 +220,8 @@ static const char *const arg_onoff[] = {"off", "on", NULL}, *const arg_dtypes[] 
                          *const arg_benches[] = {"decode", "positions", "batch", "attention", "stages", "context",
                                                  "matmul", NULL},
                          *const arg_modes[] = {"generate", "chat", NULL}, *const arg_templates[] = {"llama2", "zephyr",
-                                                                                                  "plain", NULL};
-enum chat_tpl { TPL_LLAMA2, TPL_ZEPHYR, TPL_PLAIN }; /* arg_templates' order */
+                                                                                                  "plain", "chatml", NULL};
+enum chat_tpl { TPL_LLAMA2, TPL_ZEPHYR, TPL_PLAIN, TPL_CHATML }; /* arg_templates' order */
 #define AT(field) offsetof(kvt_cli, field)
 static const cli_flag cli_flags[] = {
     {"-m", "--model", ARG_STR, AT(model), 0, 0, NULL},
@@ -369,8 +370,8 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
          "standard input: drop --prompt-tokens"},
         {!chat && (cli_gave(a, "--template") || a->system), "--template and -y/--system shape a conversation: add "
          "--chat (or --mode chat)"},
-        {chat && a->random && cli_gave(a, "--template") && a->tpl != TPL_PLAIN, "--template llama2 and zephyr take "
-         "their markers from a tokenizer: a --random model chats with --template plain (lines of token ids)"},
+        {chat && a->random && cli_gave(a, "--template") && a->tpl != TPL_PLAIN, "--template llama2, zephyr and chatml "
+         "take their markers from a tokenizer: a --random model chats with --template plain (lines of token ids)"},
         {chat && a->random && a->system, "-y/--system is text, and a --random model has no tokenizer: drop it"},
         {a->dump_attn && (a->prompts || a->fork > 1 || a->ppl || a->bench),
          "--dump-attn records one sequence's run: drop --prompts, --fork, --ppl and --bench"},
@@ -910,7 +911,8 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
 /* The transcript, and how far each output has got in it. */
 typedef struct {
     int tpl;       /* enum chat_tpl */
-    int bos, eos;  /* the template's markers (llama2, zephyr: "<s>" and "</s>" looked up; plain: ids 1 and 2) */
+    int bos, eos;  /* the template's markers, looked up: "<s>" and "</s>" (llama2, zephyr), "<|im_start|>" and
+                      "<|im_end|>" (chatml); plain: the tokenizer's BOS and EOS ids */
     int room;      /* positions the conversation may fill: TMAX, or less when --chunks makes the pool smaller */
     int *hist, n;  /* (room) the transcript's token ids, and its length */
     int done;      /* positions computed at least once: their rows are in --dump-logits and --dump-attn */
@@ -948,7 +950,11 @@ static char *chat_cat(const char *const *parts) {
  *   zephyr (TinyLlama chat): BOS "<|system|>\n" sys EOS "\n<|user|>\n" user EOS
  *     "\n<|assistant|>\n" for the first turn (without sys: BOS "<|user|>\n" user
  *     EOS ...), then "\n<|user|>\n" user EOS "\n<|assistant|>\n";
- *   plain: BOS, sys "\n" (if any), user "\n" for the first turn, then user "\n".
+ *   plain: BOS, sys "\n" (if any), user "\n" for the first turn, then user "\n";
+ *   chatml (SmolLM2's template, BOS = <|im_start|>, EOS = <|im_end|>): BOS
+ *     "system\n" sys EOS "\n" (first turn, if any), BOS "user\n" user EOS "\n"
+ *     BOS "assistant\n"; later turns start with the "\n" that follows the
+ *     reply's EOS.
  * BOS and EOS are the looked-up marker ids, never text. A reply ends where the
  * model samples EOS, which stays in the transcript (llama2.c feeds it too), or
  * where -n cuts it, left open as llama2.c leaves it. Sentencepiece's leading
@@ -957,7 +963,7 @@ static char *chat_cat(const char *const *parts) {
  * others (text after a marker gets none). */
 static kvt_status chat_render(const kvt_chat *c, const kvt_tokenizer *tk, int turn, const char *sys, const char *user,
                               int **out, int *n_out) {
-    struct { int id; char *text; int lead; } seg[6]; /* a marker id, or text (id -1) */
+    struct { int id; char *text; int lead; } seg[10]; /* a marker id, or text (id -1) */
     int ns = 0, first = turn == 0, lead = tk->dummy_prefix, has_sys = first && sys && sys[0];
     if (c->tpl == TPL_LLAMA2) {
         const char *with_sys[] = {"[INST] <<SYS>>\n", sys, "\n<</SYS>>\n\n", user, " [/INST]", NULL},
@@ -974,6 +980,22 @@ static kvt_status chat_render(const kvt_chat *c, const kvt_tokenizer *tk, int tu
         }
         seg[ns].id = -1, seg[ns].lead = first && !has_sys ? lead : 0, seg[ns++].text = chat_cat(u);
         seg[ns].id = c->eos, seg[ns++].text = NULL;
+        seg[ns].id = -1, seg[ns].lead = 0, seg[ns++].text = chat_cat(asst);
+    } else if (c->tpl == TPL_CHATML) { /* a byte-level vocabulary: no leading space anywhere */
+        const char *system[] = {"system\n", sys, NULL}, *u[] = {"user\n", user, NULL}, *nl[] = {"\n", NULL},
+                   *asst[] = {"assistant\n", NULL};
+        if (!first) seg[ns].id = -1, seg[ns].lead = 0, seg[ns++].text = chat_cat(nl);
+        if (has_sys) {
+            seg[ns].id = c->bos, seg[ns++].text = NULL;
+            seg[ns].id = -1, seg[ns].lead = 0, seg[ns++].text = chat_cat(system);
+            seg[ns].id = c->eos, seg[ns++].text = NULL;
+            seg[ns].id = -1, seg[ns].lead = 0, seg[ns++].text = chat_cat(nl);
+        }
+        seg[ns].id = c->bos, seg[ns++].text = NULL;
+        seg[ns].id = -1, seg[ns].lead = 0, seg[ns++].text = chat_cat(u);
+        seg[ns].id = c->eos, seg[ns++].text = NULL;
+        seg[ns].id = -1, seg[ns].lead = 0, seg[ns++].text = chat_cat(nl);
+        seg[ns].id = c->bos, seg[ns++].text = NULL;
         seg[ns].id = -1, seg[ns].lead = 0, seg[ns++].text = chat_cat(asst);
     } else {
         const char *system[] = {sys, "\n", NULL}, *u[] = {user, "\n", NULL};
@@ -1048,24 +1070,29 @@ static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cl
     int V = m->c.vocab_size, TMAX = m->c.seq_len, tty = isatty(STDIN_FILENO), first_given = cli_gave(a, "-i");
     kvt_chat c;
     memset(&c, 0, sizeof(c));
-    c.tpl = a->tpl >= 0 ? a->tpl : tk && tk->byte_fallback ? (int)TPL_LLAMA2 : (int)TPL_PLAIN;
+    c.tpl = a->tpl >= 0 ? a->tpl : tk && kvt_piece_id(tk, "<|im_start|>") >= 0 ? (int)TPL_CHATML
+          : tk && tk->byte_fallback ? (int)TPL_LLAMA2 : (int)TPL_PLAIN;
+    /* ChatML's system prompt when -y is not given: SmolLM2-Instruct's, from its template */
+    const char *sys = c.tpl == TPL_CHATML && !a->system ? "You are a helpful AI assistant named SmolLM, trained by "
+                      "Hugging Face" : a->system;
     c.bos = KVT_BOS;
     c.eos = KVT_EOS;
     c.room = TMAX;
     if (e->o.n_chunks > 0 && (long)e->o.n_chunks * e->pool.CH < TMAX) c.room = e->o.n_chunks * e->pool.CH;
     const char *name = arg_templates[c.tpl];
     if (c.tpl != TPL_PLAIN) {
-        c.bos = chat_marker(tk, "<s>");
-        c.eos = chat_marker(tk, "</s>");
+        const char *b = c.tpl == TPL_CHATML ? "<|im_start|>" : "<s>", *en = c.tpl == TPL_CHATML ? "<|im_end|>" : "</s>";
+        c.bos = chat_marker(tk, b);
+        c.eos = chat_marker(tk, en);
         if (c.bos < 0 || c.eos < 0) {
             kvt_fail(KVT_EARG, "--template %s: the tokenizer has no piece '%s' (the template's %s marker)", name,
-                     c.bos < 0 ? "<s>" : "</s>", c.bos < 0 ? "begin-of-sequence" : "end-of-turn");
+                     c.bos < 0 ? b : en, c.bos < 0 ? "begin-of-sequence" : "end-of-turn");
             return cli_fail("");
         }
     }
     for (int k = 0; tk && k < 3; k++) { /* the template's own text, then the system prompt, must encode */
         int *ids, ni;
-        if (chat_render(&c, tk, k == 1, k == 2 ? a->system : NULL, "", &ids, &ni) != KVT_OK) {
+        if (chat_render(&c, tk, k == 1, k == 2 ? sys : NULL, "", &ids, &ni) != KVT_OK) {
             char msg[sizeof(kvt_errbuf)];
             snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
             kvt_fail(KVT_EARG, "%s%s: %s", k == 2 ? "-y/--system" : "--template ", k == 2 ? "" : name, msg);
@@ -1116,7 +1143,7 @@ static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cl
         }
         /* the turn's tokens: wrapped by the template, or (--random) a line of ids taken as they are */
         int *tt = ids, nt = 0;
-        st = tk ? chat_render(&c, tk, turn, a->system, text, &tt, &nt) : parse_tokens(text, V, TMAX, ids, &nt);
+        st = tk ? chat_render(&c, tk, turn, sys, text, &tt, &nt) : parse_tokens(text, V, TMAX, ids, &nt);
         if (st != KVT_OK) {
             char msg[sizeof(kvt_errbuf)];
             snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
