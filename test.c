@@ -4125,8 +4125,11 @@ static void test_rope_base(void) {
     attn_layer0_ref(&m2, tok, n, ref);
     m.rope_theta = 10000.0f;
     attn_layer0_ref(&m, tok, n, ref10k);
-    double apart = 0;
-    for (size_t i = 0; i < (size_t)n * NH * n; i++) apart = fmax(apart, fabs(ref[i] - ref10k[i]));
+    double apart = 0; /* the weights of keys t <= q (the rest of each row is not written) */
+    for (int q = 0; q < n; q++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t <= q; t++)
+                apart = fmax(apart, fabs(ref[((size_t)q * NH + h) * n + t] - ref10k[((size_t)q * NH + h) * n + t]));
     expect(apart > 100 * TOL_ATTN, "RoPE base 500000 vs 10000 in float64: layer 0's weights differ by %.2e (> 100 x "
            "TOL_ATTN), so the check below can tell the bases apart", apart);
     float *logits = (float *)kvt_malloc((size_t)m2.c.vocab_size * sizeof(float));
@@ -4184,6 +4187,117 @@ static void test_rope_base(void) {
     free(raw);
     free(ref);
     free(ref10k);
+    free(logits);
+    kvt_model_free(&m);
+}
+
+/* SmolLM2-135M-Instruct (`make smollm2`: the GGUF converted by
+ * weights/export_gguf.py) against transformers loading the same GGUF in
+ * float32 (weights/smollm2_logits.txt, written once by
+ * weights/make_smollm2_reference.py: per prompt its ids, per position the
+ * row's largest |logit| and ~112 of its logits). Every row must agree within
+ * 1e-4 of the row's largest |logit|, on paths that differ in what they reuse:
+ * cache on (half prefilled, then one token a step; fused, naive, and the
+ * emulated GPU on the first prompt), cache off (one call; the first prompt
+ * one token a step, every step recomputing the sequence). Without the model:
+ * one skip line. KVT_SMOLLM2_DIR points at another folder. */
+typedef struct { int n, *ids, *cells; double *maxabs; int *cell_id; float *cell_val; } smol_prompt;
+static int smol_read_ref(const char *path, smol_prompt *pr, int max_prompts) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    static char line[16384];
+    int np = 0, row = 0;
+    while (fgets(line, sizeof(line), f)) {
+        char *p = line, *end;
+        if (!strncmp(line, "prompt ", 7) && np < max_prompts) {
+            smol_prompt *q = &pr[np++];
+            q->n = (int)strtol(p + 7, &end, 10);
+            q->ids = (int *)kvt_malloc((size_t)q->n * sizeof(int));
+            q->cells = (int *)kvt_malloc((size_t)q->n * sizeof(int));
+            q->maxabs = (double *)kvt_malloc((size_t)q->n * sizeof(double));
+            q->cell_id = (int *)kvt_malloc((size_t)q->n * 256 * sizeof(int));
+            q->cell_val = (float *)kvt_malloc((size_t)q->n * 256 * sizeof(float));
+            for (int i = 0; i < q->n; i++) q->ids[i] = (int)strtol(end, &end, 10);
+            row = 0;
+        } else if (!strncmp(line, "row ", 4) && np > 0 && row < pr[np - 1].n) {
+            smol_prompt *q = &pr[np - 1];
+            KVT_ASSERT(strtol(p + 4, &end, 10) == row);
+            q->maxabs[row] = strtod(end, &end);
+            int c = 0;
+            while (c < 256) {
+                long id = strtol(end, &p, 10);
+                if (p == end || *p != ':') break;
+                q->cell_id[row * 256 + c] = (int)id;
+                q->cell_val[row * 256 + c++] = strtof(p + 1, &end);
+            }
+            q->cells[row++] = c;
+        }
+    }
+    fclose(f);
+    return np;
+}
+static void test_smollm2_logits(void) {
+    const char *dir = getenv("KVT_SMOLLM2_DIR");
+    char path[512], msg[640];
+    snprintf(path, sizeof(path), "%s/model.bin", dir ? dir : "weights/smollm2");
+    FILE *probe = fopen(path, "rb");
+    if (!probe) {
+        snprintf(msg, sizeof(msg), "SmolLM2 logits vs transformers: no %s (get it with `make smollm2`)", path);
+        skip(msg);
+        return;
+    }
+    fclose(probe);
+    smol_prompt pr[4];
+    int np = smol_read_ref("weights/smollm2_logits.txt", pr, 4);
+    expect(np == 3, "weights/smollm2_logits.txt: 3 prompts (%d)", np);
+    kvt_model m;
+    kvt_status st = kvt_model_load(&m, path);
+    expect(st == KVT_OK && m.rope_theta == 100000.0f && m.c.dim == 576 && m.c.n_layers == 30 && m.c.vocab_size == 49152,
+           "SmolLM2: %s loads (D 576, L 30, V 49152, RoPE base 100000): %s", path, st == KVT_OK ? "yes" : kvt_last_error());
+    if (st != KVT_OK || np != 3) return;
+    int V = m.c.vocab_size, maxn = 0;
+    for (int i = 0; i < np; i++) maxn = pr[i].n > maxn ? pr[i].n : maxn;
+    float *logits = (float *)kvt_malloc((size_t)maxn * V * sizeof(float));
+    const char *names[5] = {"cache on, fused", "cache on, naive", "cache off, fused", "cache off, naive",
+                            "gpu (emulated unless a device), cache on, fused"};
+    for (int c = 0; c < 5; c++) {
+        if (c == 4 && !kvt_gpu_available()) { skip("SmolLM2 on the GPU: no CUDA device"); continue; }
+        kvt_options o;
+        kvt_options_default(&o);
+        o.device = c == 4 ? KVT_GPU : KVT_CPU;
+        o.attn = c % 2 ? KVT_ATTN_NAIVE : KVT_ATTN_FUSED;
+        o.kv_cache = c == 2 || c == 3 ? 0 : 1;
+        o.CH = 16;
+        o.n_chunks = 4; /* 64 positions: the longest prompt is 43 */
+        kvt_engine *e;
+        KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+        for (int i = 0; i < np && (c < 4 || i == 0); i++) {
+            kvt_seq s;
+            KVT_ASSERT(kvt_seq_init(e, &s) == KVT_OK);
+            /* one call for the whole prompt (cache off), a prefill of half then one token a step (cache on); the
+             * first prompt with the cache off: one token a step, each step recomputing the sequence */
+            int first = o.kv_cache ? pr[i].n / 2 : i == 0 ? 1 : pr[i].n;
+            st = kvt_forward(e, &s, pr[i].ids, first, logits, 1);
+            for (int t = first; t < pr[i].n && st == KVT_OK; t++)
+                st = kvt_forward(e, &s, pr[i].ids + t, 1, logits + (size_t)t * V, 0);
+            double worst = 0;
+            int at = -1;
+            for (int r = 0; r < pr[i].n && st == KVT_OK; r++)
+                for (int k = 0; k < pr[i].cells[r]; k++) {
+                    double d = fabs(logits[(size_t)r * V + pr[i].cell_id[r * 256 + k]] - pr[i].cell_val[r * 256 + k]) /
+                               pr[i].maxabs[r];
+                    if (!(d <= worst)) worst = d, at = r;
+                }
+            expect(st == KVT_OK && worst <= 1e-4, "SmolLM2 prompt %d (%d tokens), %s: every row's logits = "
+                   "transformers' within 1e-4 of its largest |logit| (worst %.2e, row %d)", i + 1, pr[i].n, names[c],
+                   worst, at);
+            kvt_seq_free(e, &s);
+        }
+        kvt_engine_free(e);
+    }
+    for (int i = 0; i < np; i++) {
+        free(pr[i].ids); free(pr[i].cells); free(pr[i].maxabs); free(pr[i].cell_id); free(pr[i].cell_val);
+    }
     free(logits);
     kvt_model_free(&m);
 }
@@ -4372,6 +4486,7 @@ int main(int argc, char **argv) {
     test_llama2c_commands();
     test_dump_attn();
     test_rope_base();
+    test_smollm2_logits();
     test_hf_export();
     test_hf_export_refusals();
     test_section_map();
