@@ -163,6 +163,7 @@ def same_floats(got, want):
 
 
 def check_hand_blocks(exporter):
+    sys.dont_write_bytecode = True  # no __pycache__ left in weights/
     spec = importlib.util.spec_from_file_location("export_gguf", exporter)
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
@@ -616,8 +617,8 @@ def cases():
          patch(lambda b: b[:8] + struct.pack("<Q", 1 << 40) + b[16:]), ["in.gguf", "truncated", "cannot fit"]),
         ("a string length past the end of the file",
          patch(lambda b: b[:24] + struct.pack("<Q", 1 << 50) + b[32:]), ["in.gguf", "truncated", "metadata key 0"]),
-        ("an unknown value type (13)", edit(lambda m: m.kv.append(("general.weird", 13, None))), ["in.gguf", "general.weird",
-                                                                       "unknown value type 13"]),
+        ("an unknown value type (13)", edit(lambda m: m.kv.append(("general.weird", 13, None))),
+         ["in.gguf", "general.weird", "unknown value type 13"]),
         ("an array of an unknown element type", edit(lambda m: m.kv.append(("general.arr", "ARRAY:99", []))),
          ["in.gguf", "general.arr", "unknown element type 99"]),
         ("a BOOL of value 2", patch(lambda b: b.replace(b"tokenizer.ggml.add_bos_token" + struct.pack("<IB", 7, 0),
@@ -684,9 +685,9 @@ def cases():
         ("no tokenizer.ggml.pre", kv("tokenizer.ggml.pre", None, None), ["tokenizer.ggml.pre", "missing"]),
         ("no tokenizer.ggml.merges", kv("tokenizer.ggml.merges", None, None), ["tokenizer.ggml.merges", "missing"]),
         ("a merge whose side is not in the vocabulary", merges(MERGES + ["x t"]),
-         ["tokenizer.ggml.merges[7]", "'x'", "not in the vocabulary"]),
+         ["tokenizer.ggml.merges[7]", '"x"', "not in the vocabulary"]),
         ("a merge whose result is not in the vocabulary", merges(MERGES + ["a t"]),
-         ["tokenizer.ggml.merges[7]", "result", "'at'"]),
+         ["tokenizer.ggml.merges[7]", "result", '"at"']),
         ("a merge without a space", merges(MERGES + ["th"]), ["tokenizer.ggml.merges[7]", "one space"]),
         ("a merge with two spaces", merges(MERGES + ["t h e"]), ["tokenizer.ggml.merges[7]", "one space"]),
         ("two pieces with one string", piece(4, "a"), ["pieces 3 and 4", "same string"]),

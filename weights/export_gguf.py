@@ -50,6 +50,7 @@ import sys
 import time
 from array import array
 
+sys.dont_write_bytecode = True  # importing kvt_files leaves no __pycache__ in weights/
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvt_files as kf  # noqa: E402  (weights/kvt_files.py: formats, limits, outputs)
 from kvt_files import Refused  # noqa: E402

@@ -21,6 +21,7 @@ The formats (the full text: the shared spec, summarized in weights/README.md):
 Every refusal is a Refused(path, what): the exporter prints it as one line,
 `export_xx.py: path: what`, and exits 1.
 """
+import json
 import math
 import os
 import stat
@@ -100,9 +101,12 @@ def write_zeros(f, nbytes):
 # ---- the tokenizer ------------------------------------------------------------------
 
 def show(value):
-    """A string as a short quoted literal (ASCII, escapes visible): a message
-    stays one readable line whatever the piece holds."""
-    text = ascii(value) if isinstance(value, str) else repr(value)
+    """A value as JSON (ASCII, escapes visible), cut short: a message stays
+    one readable line whatever a piece or a field holds."""
+    try:
+        text = json.dumps(value, ensure_ascii=True)
+    except (TypeError, ValueError):
+        text = ascii(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
