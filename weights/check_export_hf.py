@@ -9,7 +9,9 @@ It builds a small valid Hugging Face Llama folder in a temporary directory
 struct, model.safetensors.index.json, a byte-fallback BPE tokenizer.json with
 one 1,024-byte piece, the longest kvt loads), exports it once (and runs
 `KVT -m model.bin -z tokenizer.bin -n 2 -t 0` on the result when KVT_BINARY is
-given), then breaks a fresh copy of it one way per case and runs the exporter
+given), exports variants that must be accepted (rope_theta 500000: the RoPE
+extension; byte-level tokenizer.json files: the BBPE trailer, read back field
+by field), then breaks a fresh copy of it one way per case and runs the exporter
 on it, with an old model.bin / tokenizer.bin pair at the output paths. Each
 refusal must:
   - exit 1, with exactly one line on stderr that starts with "export_hf.py: "
@@ -152,6 +154,57 @@ def vocabulary():
     vocab["\u00e9" * 512] = LONG_ID  # 512 two-byte characters: 1,024 bytes of UTF-8
     assert len(vocab) == V and sorted(vocab.values()) == list(range(V))
     return vocab
+
+
+def gpt2_bytes():
+    """GPT-2's bytes_to_unicode: byte b -> the character a byte-level
+    vocabulary spells it with (printable Latin-1 as itself, the rest moved to
+    U+0100 onwards: the space is U+0120, "\u0120")."""
+    keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    return [chars[b] for b in range(256)]
+
+
+# A byte-level vocabulary (ids 269..V-1 are holes: <unusedN> pieces).
+BL_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+BL_MERGES = ["\u0120 t", "h e", "\u0120t he", "i n", "\u0120 a", "e r", ["1", "2"], "\u0120a n", "\u0120an d", "o n"]
+
+
+def byte_level_vocab():
+    vocab = {p: i for i, p in enumerate(BL_SPECIAL + gpt2_bytes())}
+    for m in BL_MERGES:
+        a, b = m.split(" ") if isinstance(m, str) else m
+        vocab.setdefault(a + b, len(vocab))
+    return vocab
+
+
+def byte_level_tokenizer(pre="smollm"):
+    """tokenizer.json of a byte-level BPE (SmolLM2's layout: Digits then
+    ByteLevel; pre="gpt2": ByteLevel alone, GPT-2's)."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return {"version": "1.0", "normalizer": None,
+            "added_tokens": [{"id": i, "content": c, "special": True} for i, c in enumerate(BL_SPECIAL)],
+            "pre_tokenizer": byte_level if pre == "gpt2" else {"type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": True}, byte_level]},
+            "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                      "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                      "vocab": byte_level_vocab(), "merges": list(BL_MERGES)}}
+
+
+def make_byte_level(src, pre="smollm"):
+    """Turn a copy of the fixture into a byte-level one (SmolLM2's special
+    tokens; tokenizer_config.json names <|im_end|> as EOS)."""
+    dump(os.path.join(src, "tokenizer.json"), byte_level_tokenizer(pre))
+    dump(os.path.join(src, "tokenizer_config.json"),
+         {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "tokenizer_class": "GPT2Tokenizer"})
 
 
 def build_fixture(folder, seed=1234):
@@ -371,6 +424,91 @@ def check_accepted(exporter, base, title, setup, hashes=None):
     report(ok, f"accepted: {title}", f"exit {rc}: {err.strip()[-300:]}")
 
 
+def export_variant(exporter, base, setup):
+    """Export a variant of the fixture made by setup(src); (exit, stderr,
+    model.bin bytes, tokenizer.bin bytes)."""
+    src, out = os.path.join(base, "in"), os.path.join(base, "out")
+    os.makedirs(out)
+    setup(src)
+    model, tok = os.path.join(out, "model.bin"), os.path.join(out, "tokenizer.bin")
+    rc, _, err = run([sys.executable, exporter, src, model, tok])
+    if rc != 0:
+        return rc, err, None, None
+    with open(model, "rb") as f, open(tok, "rb") as g:
+        return rc, err, f.read(), g.read()
+
+
+def check_theta(exporter, pristine, base):
+    """rope_theta 500000 (refused before the extension existed): the header
+    grows by "rope" + float32 theta, everything after it is the legacy
+    export's bytes."""
+    _, _, legacy, _ = export_variant(exporter, os.path.join(base, "theta-legacy"),
+                                     lambda src: shutil.copytree(pristine, src))
+
+    def setup(src):
+        shutil.copytree(pristine, src)
+        edit_json(os.path.join(src, "config.json"), lambda c: c.update(rope_theta=500000.0))
+
+    rc, err, m, _ = export_variant(exporter, os.path.join(base, "theta"), setup)
+    ok = rc == 0 and legacy is not None and m[:28] == legacy[:28] and m[28:32] == b"rope" and \
+        struct.unpack_from("<f", m, 32)[0] == 500000.0 and m[36:] == legacy[28:]
+    report(ok, "accepted: rope_theta 500000 -> the legacy header, b'rope', float32 500000, then the legacy file's "
+           "tensors byte for byte", f"exit {rc}: {err.strip()[-300:]}")
+
+
+def read_trailer(t, n):
+    """tokenizer.bin -> (max_token_length, [(score, piece bytes)], BBPE
+    fields (pre, bos, eos, pairs) or None, bytes left over)."""
+    (maxlen,) = struct.unpack_from("<i", t)
+    pos, recs = 4, []
+    for _ in range(n):
+        score, k = struct.unpack_from("<fi", t, pos)
+        recs.append((score, t[pos + 8:pos + 8 + k]))
+        pos += 8 + k
+    if t[pos:pos + 4] != b"BBPE":
+        return maxlen, recs, None, t[pos:]
+    pre, bos, eos, nm = struct.unpack_from("<4i", t, pos + 4)
+    pairs = struct.unpack_from(f"<{2 * nm}i", t, pos + 20)
+    return maxlen, recs, (pre, bos, eos, pairs), t[pos + 20 + 8 * nm:]
+
+
+def check_byte_level(exporter, pristine, base):
+    """Byte-level tokenizer.json files export with the spec's trailer."""
+    vocab = byte_level_vocab()
+    pieces = {i: p for p, i in vocab.items()}
+    want_pieces = [(0.0, (pieces.get(i) or f"<unused{i}>").encode()) for i in range(V)]
+    pairs = tuple(x for m in BL_MERGES for x in (vocab[m.split(" ")[0] if isinstance(m, str) else m[0]],
+                                                 vocab[m.split(" ")[1] if isinstance(m, str) else m[1]]))
+    template = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                                                         {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [], "special_tokens": {}}
+    for k, (title, pre, edit, want) in enumerate([
+            ("SmolLM2's layout (Sequence [Digits(individual_digits), ByteLevel]), ByteLevel post_processor, "
+             "eos_token <|im_end|>", "smollm", None, (2, -1, 2)),
+            ("GPT-2's (ByteLevel alone), a TemplateProcessing that prepends <|endoftext|>, no eos_token: "
+             "config.json's eos_token_id", "gpt2", template, (1, 0, 2))]):
+        def setup(src):
+            shutil.copytree(pristine, src)
+            make_byte_level(src, pre)
+            if edit:
+                edit_json(os.path.join(src, "tokenizer.json"), lambda t: t.update(post_processor=edit))
+                dump(os.path.join(src, "tokenizer_config.json"), {"tokenizer_class": "GPT2Tokenizer"})
+
+        rc, err, _, t = export_variant(exporter, os.path.join(base, f"bl{k}"), setup)
+        if rc != 0:
+            report(False, f"accepted: byte-level, {title}", f"exit {rc}: {err.strip()[-300:]}")
+            continue
+        maxlen, recs, trailer, rest = read_trailer(t, V)
+        report(maxlen == max(len(p) for _, p in want_pieces) and recs == want_pieces,
+               f"byte-level, {title}: max_token_length {maxlen}, {V} records of score 0.0, the pieces as in "
+               "tokenizer.json (GPT-2's byte symbols, <unusedN> in the holes)", f"max_token_length {maxlen}")
+        report(trailer is not None and trailer[:3] == want and trailer[3] == pairs and rest == b"",
+               f"byte-level, {title}: trailer BBPE, pre {want[0]}, bos {want[1]}, eos {want[2]}, "
+               f"{len(BL_MERGES)} merges as id pairs, then the end of the file",
+               f"trailer {trailer and trailer[:3]}, pairs equal {trailer is not None and trailer[3] == pairs}, "
+               f"{len(rest)} bytes after it")
+
+
 def cases():
     """(title, setup, expected substrings). setup(src, base, outs) breaks the
     fresh copy src (base is the case's scratch directory) and returns the
@@ -537,6 +675,25 @@ def cases():
         shutil.rmtree(src)
         return outs
 
+    def bl(fn=None, pre="smollm", config=None):
+        """A byte-level copy, then fn(tokenizer.json) / config(tokenizer_config.json)."""
+        def setup(src, base, outs):
+            make_byte_level(src, pre)
+            if fn:
+                edit_json(os.path.join(src, "tokenizer.json"), fn)
+            if config:
+                edit_json(os.path.join(src, "tokenizer_config.json"), config)
+            return outs
+        return setup
+
+    def set_pre(p):
+        return bl(lambda t: t.update(pre_tokenizer=p))
+
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+    llama3_pre = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(?i:'s|'t)"}, "behavior": "Isolated", "invert": False},
+        byte_level]}
+
     t = "tokenizer.json"
     return [
         # item 3: the outputs
@@ -591,6 +748,54 @@ def cases():
         ("a piece id at vocab_size", js(t, lambda x: x["model"]["vocab"].update({"zz": V})), [t, "vocab_size"]),
         ("a used tensor stored as F64", retype("model.norm.weight", "F64", [D]), [s2, "model.norm.weight", "F64"]),
         ("a bias tensor", bias, [s1, "q_proj.bias"]),
+        # RoPE: any finite base above 1 is exported (the extension); scaling is not
+        ("rope_theta 0.5", cfg(rope_theta=0.5), ["config.json", "rope_theta", "above 1"]),
+        ("rope_theta -10000", cfg(rope_theta=-10000.0), ["config.json", "rope_theta"]),
+        ("rope_theta 1e39 (no float32 holds it)", cfg(rope_theta=1e39), ["config.json", "rope_theta"]),
+        ("rope_theta and rope_parameters.rope_theta disagree",
+         cfg(rope_theta=10000.0, rope_parameters={"rope_theta": 500000.0, "rope_type": "default"}),
+         ["config.json", "rope_parameters.rope_theta", "disagree"]),
+        ("rope_parameters.rope_type linear", cfg(rope_parameters={"rope_theta": 10000.0, "rope_type": "linear"}),
+         ["config.json", "rope_parameters.rope_type"]),
+        ("rope_scaling yarn", cfg(rope_scaling={"rope_type": "yarn", "factor": 4.0}), ["config.json", "rope_scaling"]),
+        # byte-level vocabularies: what kvt's encoder would split or merge differently
+        ("no byte fallback and no pre_tokenizer", js(t, lambda x: x["model"].update(byte_fallback=False)),
+         [t, "byte_fallback", "pre_tokenizer is null"]),
+        ("a byte-level vocabulary split by Llama 3's regex (Split, ByteLevel)", set_pre(llama3_pre),
+         [t, "byte_fallback", "Sequence [Split, ByteLevel]"]),
+        ("Digits(individual_digits=false) before ByteLevel",
+         set_pre({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": False},
+                                                        dict(byte_level, use_regex=True)]}),
+         [t, "pre_tokenizer is Sequence [Digits, ByteLevel]"]),
+        ("ByteLevel with add_prefix_space true", set_pre(dict(byte_level, use_regex=True, add_prefix_space=True)),
+         [t, "pre_tokenizer.add_prefix_space"]),
+        ("ByteLevel with use_regex false", set_pre(byte_level), [t, "pre_tokenizer.use_regex"]),
+        ("a byte-level vocabulary with an NFC normalizer", bl(lambda x: x.update(normalizer={"type": "NFC"})),
+         [t, "normalizer is NFC"]),
+        ("model.ignore_merges true", bl(lambda x: x["model"].update(ignore_merges=True)),
+         [t, "model.ignore_merges"]),
+        ("a byte-level merge whose result is not in the vocabulary",
+         bl(lambda x: x["model"]["merges"].append("t t")), [t, "model.merges[10]", "result", '"tt"']),
+        ("a byte-level merge whose side is not in the vocabulary",
+         bl(lambda x: x["model"]["merges"].append(["<nope>", "t"])), [t, "model.merges[10]", '"<nope>"']),
+        ("a byte-level merge string with two spaces", bl(lambda x: x["model"]["merges"].append("a b c")),
+         [t, "model.merges[10]"]),
+        ("eos_token not in the vocabulary", bl(config=lambda c: c.update(eos_token="</s>")),
+         ["tokenizer_config.json", "eos_token", "</s>"]),
+        ("no eos_token and no eos_token_id",
+         lambda src, base, outs: (bl(config=lambda c: c.pop("eos_token"))(src, base, outs),
+                                  edit_json(os.path.join(src, "config.json"), lambda c: c.pop("eos_token_id")),
+                                  outs)[2], ["config.json", "eos_token_id"]),
+        ("a post_processor that appends EOS",
+         bl(lambda x: x.update(post_processor={"type": "TemplateProcessing", "single": [
+             {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "<|im_end|>", "type_id": 0}}]})),
+         [t, "post_processor.single"]),
+        ("a RobertaProcessing post_processor", bl(lambda x: x.update(post_processor={"type": "RobertaProcessing"})),
+         [t, "post_processor is RobertaProcessing"]),
+        ("add_bos_token true, but the post_processor adds no BOS", bl(config=lambda c: c.update(add_bos_token=True)),
+         ["tokenizer_config.json", "add_bos_token"]),
+        ("a hole's <unusedN> spelled like a real piece",
+         bl(lambda x: x["model"]["vocab"].update({"<unused290>": 280})), [t, "pieces 280 and 290", "same string"]),
         # malformed: bad JSON in every JSON file
         ("bad JSON in config.json", text("config.json", "{\"hidden_size\": 32,"), ["config.json", "JSON"]),
         ("bad JSON in the index", text(INDEX, "{\"weight_map\": "), [INDEX, "JSON"]),
@@ -698,6 +903,8 @@ def main(argv):
         pristine = os.path.join(scratch, "pristine")
         values = build_fixture(pristine)
         hashes = check_valid_export(exporter, pristine, scratch, values, kvt)
+        check_theta(exporter, pristine, scratch)
+        check_byte_level(exporter, pristine, scratch)
 
         def copy_fixture(src, base):
             shutil.copytree(pristine, src, symlinks=True)

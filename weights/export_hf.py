@@ -15,17 +15,23 @@ the model.
 The output is llama2.c's legacy (version 0) format, the one kvt reads: seven
 int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
 vocab_size negative when the classifier is not the embedding table), then the
-float32 tensors in a fixed order (see checkpoint_plan).
+float32 tensors in a fixed order (see checkpoint_plan). A rope_theta other
+than 10000 adds the RoPE extension after the seven ("rope", float32 theta);
+a byte-level vocabulary (GPT-2 style: a ByteLevel pre-tokenizer, alone or
+after Digits(individual_digits=true) as in SmolLM) adds the BBPE trailer to
+tokenizer.bin. Both formats: weights/kvt_files.py, which export_gguf.py
+shares.
 
 What the format cannot say, the exporter refuses, naming the config field:
-a rope_theta other than 10000, rope_scaling, biases, a norm eps other than
-1e-5, an activation other than SiLU, a head_dim other than
-hidden_size / num_attention_heads, and tokenizers that are not SentencePiece-
-style BPE with byte fallback (Llama 3's and GPT-2's byte-level vocabularies).
-It also refuses what kvt's loaders would refuse (the limits below) and input
-that is malformed or contradicts itself (bad JSON, wrong types, a safetensors
-header that does not fit its file, overlapping tensors, a missing shard or
-classifier). Every refusal is one line, `export_hf.py: FILE: what`, exit 1.
+rope_scaling, biases, a norm eps other than 1e-5, an activation other than
+SiLU, a head_dim other than hidden_size / num_attention_heads, and
+tokenizers that are neither SentencePiece-style BPE with byte fallback nor
+byte-level BPE with one of those two pre-tokenizers (Llama 3's Split regex,
+for one). It also refuses what kvt's loaders would refuse (kvt's limits, in
+kvt_files.py) and input that is malformed or contradicts itself (bad JSON,
+wrong types, a safetensors header that does not fit its file, overlapping
+tensors, a missing shard or classifier). Every refusal is one line,
+`export_hf.py: FILE: what`, exit 1.
 
 All or nothing: every file is read and every tensor checked before anything
 is written; both outputs are written to temporary names next to them and
@@ -43,34 +49,20 @@ rotated and are copied as they are.)
 """
 import json
 import os
-import stat
 import struct
 import sys
 
-# ---- kvt's limits -------------------------------------------------------------
-# The same numbers as kvt's C source, so that whatever is exported also loads.
-# kvt_config_check (kvtransformer.cu §4) checks every checkpoint header field:
-LIMIT_DIM = 65536          # KVT_LIMIT_DIM: dim, n_heads, n_kv_heads in [1, this]
-LIMIT_HIDDEN = 16 * 65536  # 16L * KVT_LIMIT_DIM: hidden_dim
-LIMIT_LAYERS = 1024        # KVT_LIMIT_LAYERS: n_layers
-LIMIT_VOCAB = 1 << 22      # KVT_LIMIT_VOCAB: |vocab_size|
-LIMIT_SEQ = 1 << 20        # KVT_LIMIT_SEQ: seq_len
-MAX_HS = 256               # KVT_MAX_HS (kvtransformer.cu §2): head size dim / n_heads, which must also be even
-# kvt_tokenizer_load (cli/tokenizer.c) takes max_token_length in [1, 1024], so
-# no piece may be longer than 1024 bytes, and refuses a piece holding a NUL
-# byte (its pieces are C strings).
-MAX_PIECE_BYTES = 1024
-# Not a kvt limit but this exporter's: the 256 byte pieces sit at ids 3..258,
-# so a byte-fallback vocabulary has at least 259 pieces.
+sys.dont_write_bytecode = True  # importing kvt_files leaves no __pycache__ in weights/
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvt_files as kf  # noqa: E402  (weights/kvt_files.py: formats, kvt's limits, outputs)
+from kvt_files import (LIMIT_DIM, LIMIT_HIDDEN, LIMIT_LAYERS, LIMIT_SEQ, LIMIT_VOCAB, MAX_HS,  # noqa: E402
+                       Refused, show)
+
+# Not a kvt limit but this exporter's: the 256 byte pieces of a byte-fallback
+# vocabulary sit at ids 3..258, so it has at least 259 pieces (a byte-level
+# one: its 256 byte symbols and the special tokens).
 MIN_VOCAB = 259
 HEADER_LIMIT = 100 << 20   # a safetensors JSON header larger than this is not one
-
-
-class Refused(Exception):
-    """One line for the user: the file it is about, then what is wrong."""
-
-    def __init__(self, path, what):
-        super().__init__(f"{path}: {what}")
 
 
 # ---- JSON ---------------------------------------------------------------------
@@ -84,12 +76,6 @@ def kind(value):
         if isinstance(value, t):
             return name
     return type(value).__name__
-
-
-def show(value):
-    """A value as JSON, cut short: a message stays one readable line."""
-    text = json.dumps(value, ensure_ascii=True)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def is_int(value):
@@ -364,21 +350,27 @@ def read_config(directory):
     need("rope_parameters", rope is None or isinstance(rope, dict), "an object is needed")
     rope = rope or {}
     for field, value in (("rope_theta", c.get("rope_theta")), ("rope_parameters.rope_theta", rope.get("rope_theta"))):
-        if value is not None and not (is_number(value) and float(value) == 10000.0):
-            raise Refused(path, f"{field} = {show(value)}: kvt's RoPE uses theta = 10000 (llama2.c's format has "
-                          "no field for it)")
+        why = None if value is None else kf.theta_problem(value)
+        if why:
+            raise Refused(path, f"{field} = {show(value)}: {why}")
+    theta = rope.get("rope_theta", c.get("rope_theta"))
+    if None not in (c.get("rope_theta"), rope.get("rope_theta")) and c["rope_theta"] != rope["rope_theta"]:
+        raise Refused(path, f"rope_theta = {show(c['rope_theta'])} and rope_parameters.rope_theta = "
+                      f"{show(rope['rope_theta'])} disagree")
+    theta = kf.LEGACY_THETA if theta is None else float(theta)  # transformers' default: 10000
     need("rope_scaling", c.get("rope_scaling") is None, "RoPE scaling is not implemented")
     if rope.get("rope_type", "default") != "default":
         raise Refused(path, f"rope_parameters.rope_type = {show(rope['rope_type'])}: RoPE scaling is not "
                       "implemented")
     eps = c.get("rms_norm_eps", 1e-5)
-    need("rms_norm_eps", is_number(eps) and abs(float(eps) - 1e-5) < 1e-12,
+    need("rms_norm_eps", is_number(eps) and kf.eps_ok(float(eps)),
          "kvt's RMSNorm uses eps = 1e-5 (llama2.c's format has no field for it)")
     need("hidden_act", c.get("hidden_act", "silu") == "silu", "the FFN is SwiGLU with SiLU")
     need("attention_bias", not flag("attention_bias"), "attention projections have no bias here")
     need("mlp_bias", not flag("mlp_bias"), "FFN projections have no bias here")
     return {"path": path, "dim": D, "hidden_dim": HD, "n_layers": L, "n_heads": NH, "n_kv_heads": NKV,
-            "vocab_size": V, "seq_len": T, "head_size": HS, "tied": flag("tie_word_embeddings")}
+            "vocab_size": V, "seq_len": T, "head_size": HS, "tied": flag("tie_word_embeddings"), "theta": theta,
+            "eos_token_id": c.get("eos_token_id")}
 
 
 # ---- checkpoint ---------------------------------------------------------------
@@ -409,16 +401,11 @@ def checkpoint_plan(cfg, shared):
 
 
 def write_checkpoint(f, st, cfg, plan, shared):
-    V = cfg["vocab_size"]
-    f.write(struct.pack("<7i", cfg["dim"], cfg["hidden_dim"], cfg["n_layers"], cfg["n_heads"], cfg["n_kv_heads"],
-                        V if shared else -V, cfg["seq_len"]))
+    f.write(kf.checkpoint_header(cfg["dim"], cfg["hidden_dim"], cfg["n_layers"], cfg["n_heads"], cfg["n_kv_heads"],
+                                 cfg["vocab_size"], cfg["seq_len"], shared, cfg["theta"]))
     for item in plan:
         if item is None:
-            zeros = 4 * cfg["seq_len"] * cfg["head_size"]
-            while zeros:  # in pieces: at kvt's limits the tables are a gigabyte
-                k = min(zeros, 16 << 20)
-                f.write(bytes(k))
-                zeros -= k
+            kf.write_zeros(f, 4 * cfg["seq_len"] * cfg["head_size"])
             continue
         name, shape, heads = item
         data = st.read_f32(name, shape)
@@ -429,25 +416,10 @@ def write_checkpoint(f, st, cfg, plan, shared):
 
 # ---- tokenizer ------------------------------------------------------------------
 
-def build_tokenizer(directory, V):
-    """tokenizer.json (SentencePiece-style BPE, byte fallback) -> the bytes of
-    llama2.c's tokenizer.bin: int32 max_token_length, then per id: float32
-    score, int32 length, the piece's bytes. SentencePiece's word marker U+2581
-    becomes a space (kvt's encoder adds the leading space itself, as
-    SentencePiece does). The score orders the merges: a piece made by merge
-    number r (0 = first) scores -r, so kvt's "highest score first" merges in
-    tokenizer.json's order; pieces no merge makes never merge (score -1e30),
-    nor do special tokens."""
-    path = os.path.join(directory, "tokenizer.json")
-    tj = load_json(path, "missing (only tokenizer.json is read, not tokenizer.model)")
-    model = tj.get("model")
-    if not isinstance(model, dict):
-        raise Refused(path, "model is missing" if model is None else f"model is a JSON {kind(model)}, not an object")
-    if model.get("type") != "BPE":
-        raise Refused(path, f"model.type = {show(model.get('type'))}: only BPE is exported")
-    if model.get("byte_fallback") is not True:
-        raise Refused(path, "model.byte_fallback is not true: a byte-level (GPT-2 / Llama 3 style) "
-                      "vocabulary, which kvt's SentencePiece-style encoder cannot reproduce")
+def read_vocab(path, tj, model, V):
+    """model.vocab and added_tokens -> (pieces by id, piece -> id, the
+    special pieces). Ids past the tokenizer up to config.json's vocab_size
+    (padding) get a piece that never matches text, <unusedN>."""
     vocab = model.get("vocab")
     if not isinstance(vocab, dict):
         raise Refused(path, "model.vocab is missing" if vocab is None else
@@ -480,6 +452,62 @@ def build_tokenizer(directory, V):
     for i in range(V):
         if pieces[i] is None:  # a hole (vocab_size padded past the tokenizer): a piece that never matches text
             pieces[i] = f"<unused{i}>"
+    return pieces, vocab, special
+
+
+def read_merges(path, model, exact):
+    """model.merges as (left, right) pairs, from "left right" strings or
+    [left, right] lists. exact: a string must hold exactly one space (the
+    tokenizers library's rule for byte-level files)."""
+    merges = model.get("merges") or []
+    if not isinstance(merges, list):
+        raise Refused(path, f"model.merges is a JSON {kind(merges)}: a list is needed")
+    pairs = []
+    for r, m in enumerate(merges):
+        if isinstance(m, str) and " " in m and not (exact and m.count(" ") != 1):
+            pairs.append(tuple(m.split(" ", 1)))
+        elif isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m):
+            pairs.append(tuple(m))
+        else:
+            raise Refused(path, f"model.merges[{r}] = {show(m)}: \"a b\" or [\"a\", \"b\"] is needed")
+    return pairs
+
+
+def build_tokenizer(directory, cfg, tok_config):
+    """tokenizer.json -> the bytes of tokenizer.bin, and a short summary.
+    model.byte_fallback true: a SentencePiece-style vocabulary, written in
+    the legacy layout (sentencepiece_tokenizer); otherwise it must be a
+    byte-level one (byte_level_tokenizer)."""
+    V = cfg["vocab_size"]
+    path = os.path.join(directory, "tokenizer.json")
+    tj = load_json(path, "missing (only tokenizer.json is read, not tokenizer.model)")
+    model = tj.get("model")
+    if not isinstance(model, dict):
+        raise Refused(path, "model is missing" if model is None else f"model is a JSON {kind(model)}, not an object")
+    if model.get("type") != "BPE":
+        raise Refused(path, f"model.type = {show(model.get('type'))}: only BPE is exported")
+    if model.get("byte_fallback") is True:
+        return sentencepiece_tokenizer(path, tj, model, V), "SentencePiece-style BPE with byte fallback"
+    pre = byte_level_pre(path, tj, model)
+    pieces, vocab, special = read_vocab(path, tj, model, V)
+    tc_path = os.path.join(directory, "tokenizer_config.json")
+    bos = template_bos(path, tj, vocab, tok_config, tc_path)
+    eos = eos_id(tc_path, vocab, tok_config, cfg)
+    pairs = read_merges(path, model, exact=True)
+    blob = kf.bbpe_tokenizer(path, pieces, pre, bos, eos, pairs, lambda r: f"model.merges[{r}]")
+    return blob, f"byte-level BPE ({pre}), {len(pairs)} merges, bos {bos}, eos {eos}"
+
+
+def sentencepiece_tokenizer(path, tj, model, V):
+    """SentencePiece-style BPE with byte fallback -> llama2.c's legacy
+    tokenizer.bin: int32 max_token_length, then per id: float32 score, int32
+    length, the piece's bytes. SentencePiece's word marker U+2581 becomes a
+    space (kvt's encoder adds the leading space itself, as SentencePiece
+    does). The score orders the merges: a piece made by merge number r (0 =
+    first) scores -r, so kvt's "highest score first" merges in
+    tokenizer.json's order; pieces no merge makes never merge (score -1e30),
+    nor do special tokens."""
+    pieces, vocab, special = read_vocab(path, tj, model, V)
     for b in range(256):
         if pieces[3 + b] != f"<0x{b:02X}>":
             raise Refused(path, f"id {3 + b} is {show(pieces[3 + b])}, not <0x{b:02X}>: kvt expects "
@@ -487,126 +515,136 @@ def build_tokenizer(directory, V):
     if (pieces[1], pieces[2]) != ("<s>", "</s>"):
         raise Refused(path, f"ids 1 and 2 are {show(pieces[1])} and {show(pieces[2])}: kvt uses 1 = <s> (BOS) "
                       "and 2 = </s> (EOS)")
-    merges = model.get("merges") or []
-    if not isinstance(merges, list):
-        raise Refused(path, f"model.merges is a JSON {kind(merges)}: a list is needed")
     score = [-1e30] * V
-    for r, m in enumerate(merges):
-        if isinstance(m, str) and " " in m:
-            a, b = m.split(" ", 1)
-        elif isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m):
-            a, b = m
-        else:
-            raise Refused(path, f"model.merges[{r}] = {show(m)}: \"a b\" or [\"a\", \"b\"] is needed")
+    for r, (a, b) in enumerate(read_merges(path, model, exact=False)):
         i = vocab.get(a + b)
         if i is not None and pieces[i] not in special and score[i] == -1e30:
             score[i] = -float(r)
-    out = []
+    raws = []
     for i in range(V):
         text = pieces[i]
         if not (text.startswith("<0x") and len(text) == 6) and text not in special:
             text = text.replace("\u2581", " ")
-        try:
-            raw = text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise Refused(path, f"piece id {i} ({show(pieces[i])}) is not valid Unicode (a lone surrogate)") from None
-        if len(raw) > MAX_PIECE_BYTES:
-            raise Refused(path, f"piece id {i} ({show(pieces[i])}) is {len(raw)} bytes: kvt's tokenizer loader "
-                          f"takes at most {MAX_PIECE_BYTES} (cli/tokenizer.c)")
-        if b"\0" in raw:
-            raise Refused(path, f"piece id {i} ({show(pieces[i])}) contains a NUL character, which kvt's "
-                          "tokenizer loader refuses (cli/tokenizer.c)")
-        out.append(raw)
-    blob = [struct.pack("<i", max(len(b) for b in out))]
-    for i in range(V):
-        blob.append(struct.pack("<fi", score[i], len(out[i])))
-        blob.append(out[i])
-    return b"".join(blob)
+        raws.append(kf.piece_bytes(path, i, text))
+    return kf.legacy_tokenizer(path, raws, score)
+
+
+def describe(p):
+    """A pre-tokenizer or normalizer, by its type(s), for messages."""
+    if not isinstance(p, dict):
+        return show(p)
+    inner = p.get("pretokenizers", p.get("normalizers"))
+    if isinstance(inner, list):
+        return f"{p.get('type')} [{', '.join(describe(x) for x in inner)}]"
+    return str(p.get("type"))
+
+
+def byte_level_pre(path, tj, model):
+    """The trailer's pre-tokenizer of a byte-level vocabulary: "gpt2" for a
+    ByteLevel pre-tokenizer (GPT-2's regex, then bytes to symbols), "smollm"
+    for Sequence [Digits(individual_digits=true), ByteLevel] (each digit
+    alone first). Anything else would split text differently from kvt."""
+
+    def byte_level(p, where):
+        if not (isinstance(p, dict) and p.get("type") == "ByteLevel"):
+            return False
+        if p.get("add_prefix_space") is True:
+            raise Refused(path, f"{where}.add_prefix_space is true: kvt's byte-level encoder adds no leading space")
+        if p.get("use_regex", True) is not True:
+            raise Refused(path, f"{where}.use_regex is false: kvt's byte-level encoder always splits with GPT-2's "
+                          "regex")
+        return True
+
+    pre = tj.get("pre_tokenizer")
+    kind_ = None
+    if byte_level(pre, "pre_tokenizer"):
+        kind_ = "gpt2"
+    elif isinstance(pre, dict) and pre.get("type") == "Sequence":
+        seq = pre.get("pretokenizers")
+        if (isinstance(seq, list) and len(seq) == 2 and isinstance(seq[0], dict) and seq[0].get("type") == "Digits"
+                and seq[0].get("individual_digits") is True and byte_level(seq[1], "pre_tokenizer.pretokenizers[1]")):
+            kind_ = "smollm"
+    if kind_ is None:
+        raise Refused(path, f"model.byte_fallback is not true and pre_tokenizer is {describe(pre)}: kvt reads "
+                      "SentencePiece-style vocabularies with byte fallback, or byte-level ones split by ByteLevel "
+                      "(GPT-2) or Sequence [Digits(individual_digits=true), ByteLevel] (SmolLM)")
+    if tj.get("normalizer") is not None:
+        raise Refused(path, f"normalizer is {describe(tj['normalizer'])}: a byte-level vocabulary is read without "
+                      "one (kvt encodes the text as it is)")
+    for field in ("continuing_subword_prefix", "end_of_word_suffix", "dropout"):
+        if model.get(field):
+            raise Refused(path, f"model.{field} = {show(model[field])}: not part of GPT-2's byte-level BPE")
+    if model.get("ignore_merges") is True:
+        raise Refused(path, "model.ignore_merges is true (Llama 3 style): kvt always merges")
+    return kind_
+
+
+def token_of(value):
+    """A token in tokenizer_config.json: a string, or an AddedToken object."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def template_bos(path, tj, vocab, tok_config, tc_path):
+    """The BOS kvt prepends (-1: none), as transformers' fast tokenizer does:
+    the post_processor's TemplateProcessing (alone or in a Sequence) when its
+    single-sequence template starts with a special token; ByteLevel or no
+    post_processor: none. tokenizer_config.json's add_bos_token, when given,
+    must agree."""
+    pp = tj.get("post_processor")
+    templates = [pp] if isinstance(pp, dict) and pp.get("type") == "TemplateProcessing" else []
+    if isinstance(pp, dict) and pp.get("type") == "Sequence" and isinstance(pp.get("processors"), list):
+        templates = [p for p in pp["processors"] if isinstance(p, dict) and p.get("type") == "TemplateProcessing"]
+        others = [p.get("type") if isinstance(p, dict) else p for p in pp["processors"]
+                  if not (isinstance(p, dict) and p.get("type") in ("TemplateProcessing", "ByteLevel"))]
+        if others or len(templates) > 1:
+            raise Refused(path, f"post_processor is {describe(pp)}: only ByteLevel and one TemplateProcessing are "
+                          "read")
+    elif pp is not None and not templates and not (isinstance(pp, dict) and pp.get("type") == "ByteLevel"):
+        raise Refused(path, f"post_processor is {describe(pp)}: only ByteLevel and TemplateProcessing are read")
+    bos = -1
+    if templates:
+        single = templates[0].get("single")
+        seq = {"Sequence": {"id": "A", "type_id": 0}}
+        if isinstance(single, list) and len(single) == 2 and single[1] == seq and isinstance(single[0], dict) \
+                and isinstance(single[0].get("SpecialToken"), dict) and single[0]["SpecialToken"].get("id") in vocab:
+            bos = vocab[single[0]["SpecialToken"]["id"]]
+        elif single != [seq]:
+            raise Refused(path, f"post_processor.single = {show(single)}: kvt prepends at most one BOS and "
+                          "appends nothing")
+    add = (tok_config or {}).get("add_bos_token")
+    if isinstance(add, bool) and add != (bos >= 0):
+        raise Refused(tc_path, f"add_bos_token is {str(add).lower()}, but tokenizer.json's post_processor "
+                      f"{'adds no' if add else 'prepends a'} BOS")
+    return bos
+
+
+def eos_id(tc_path, vocab, tok_config, cfg):
+    """The token that ends a reply: tokenizer_config.json's eos_token (what
+    the chat template closes a turn with in instruct models, e.g. SmolLM2's
+    <|im_end|>), else config.json's eos_token_id."""
+    tok = token_of((tok_config or {}).get("eos_token"))
+    if tok is not None:
+        if tok not in vocab:
+            raise Refused(tc_path, f"eos_token {show(tok)} is not in tokenizer.json's vocabulary")
+        return vocab[tok]
+    eos = cfg["eos_token_id"]
+    if is_int(eos) and 0 <= eos < cfg["vocab_size"]:
+        return eos
+    raise Refused(cfg["path"], f"eos_token_id = {show(eos)}, and tokenizer_config.json names no eos_token: one id "
+                  "in the vocabulary is needed (the end of a reply)")
 
 
 # ---- outputs ------------------------------------------------------------------
 
-def real_output(path):
-    """Where path would be written: its directory resolved, its own name kept
-    (the output itself must not be a link, see check_output)."""
-    return os.path.join(os.path.realpath(os.path.dirname(path) or "."), os.path.basename(path))
-
-
-def check_output(path, directory):
-    """An output must be a new name or a regular file, in a directory that
-    exists and is not the model's folder: it is replaced by a rename, and a
-    rename over a link, a device or a directory, or over one of the inputs,
-    would not do what the user meant."""
-    folder = os.path.dirname(path) or "."
-    if not os.path.basename(path):
-        raise Refused(path, "names a directory, not a file")
-    if not os.path.isdir(folder):
-        raise Refused(path, f"its directory {folder} does not exist")
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    if mode is not None:
-        if stat.S_ISLNK(mode):
-            raise Refused(path, "is a symbolic link: give the path of a regular file (it would be replaced, "
-                          "not written through)")
-        if stat.S_ISDIR(mode):
-            raise Refused(path, "is a directory: give a file name")
-        if not stat.S_ISREG(mode):
-            raise Refused(path, "is a device, pipe or socket, not a regular file: the output is written to a "
-                          "temporary file and renamed, which needs a regular file")
+def check_inside(path, directory):
+    """An output must not be inside the model's folder: it is replaced by a
+    rename, and a rename over one of the inputs would destroy it."""
     inside = os.path.realpath(directory)
-    if os.path.commonpath([real_output(path), inside]) == inside:
+    if os.path.commonpath([kf.real_output(path), inside]) == inside:
         raise Refused(path, f"is inside the model's folder {directory}: write the outputs elsewhere (an input "
                       "could be overwritten)")
-
-
-def create_temp(final):
-    """A new, unique file next to final (same directory, so the rename that
-    puts it in place is atomic), created with the usual permissions."""
-    folder = os.path.dirname(final) or "."
-    for _ in range(100):
-        tmp = os.path.join(folder, f".{os.path.basename(final)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except FileExistsError:
-            continue
-        except OSError as e:
-            raise Refused(final, f"cannot create a temporary file in {folder}: {e.strerror}") from None
-        return tmp, os.fdopen(fd, "wb")
-    raise Refused(final, f"cannot find an unused temporary name in {folder}")
-
-
-def replace_both(model_tmp, model_out, tok_tmp, tok_out):
-    """Rename both temporaries into place. Two renames are not one atomic
-    step: if the second fails, the first is undone from a hard link to the
-    old model file made beforehand. (On a file system without hard links the
-    old model cannot be restored then; the new one is removed rather than
-    left beside the old tokenizer, a pair that does not match.)"""
-    backup = None
-    if os.path.lexists(model_out):
-        backup = model_tmp + ".old"
-        try:
-            os.link(model_out, backup)
-        except OSError:
-            backup = None
-    try:
-        try:
-            os.replace(model_tmp, model_out)
-        except OSError as e:
-            raise Refused(model_out, f"renaming {model_tmp} into place failed: {e.strerror or e}") from None
-        try:
-            os.replace(tok_tmp, tok_out)
-        except OSError as e:
-            if backup:
-                os.replace(backup, model_out)
-            else:
-                os.unlink(model_out)
-            raise Refused(tok_out, f"renaming {tok_tmp} into place failed: {e.strerror or e}; {model_out} "
-                          f"{'restored' if backup else 'removed'}") from None
-    finally:
-        if backup and os.path.lexists(backup):
-            os.unlink(backup)
 
 
 # ---- export -------------------------------------------------------------------
@@ -615,17 +653,17 @@ def export(directory, model_out, tok_out):
     if not os.path.isdir(directory):
         raise Refused(directory, "not a directory" if os.path.lexists(directory) else "no such directory")
     for path in (model_out, tok_out):
-        check_output(path, directory)
-    if real_output(model_out) == real_output(tok_out) or (
-            os.path.exists(model_out) and os.path.exists(tok_out) and os.path.samefile(model_out, tok_out)):
-        raise Refused(tok_out, f"is the same file as the model output {model_out}: give two different files")
+        kf.check_output(path)
+        check_inside(path, directory)
+    kf.check_two_outputs(model_out, tok_out)
 
     # Read and check everything before writing anything.
     cfg = read_config(directory)
-    tok_config = os.path.join(directory, "tokenizer_config.json")
-    if os.path.lexists(tok_config):  # not used, but transformers reads it: a broken one is a broken download
-        load_json(tok_config)
-    tok_bytes = build_tokenizer(directory, cfg["vocab_size"])
+    tok_config_path = os.path.join(directory, "tokenizer_config.json")
+    tok_config = None
+    if os.path.lexists(tok_config_path):  # a byte-level vocabulary's BOS / EOS; transformers reads it too
+        tok_config = load_json(tok_config_path)
+    tok_bytes, tok_summary = build_tokenizer(directory, cfg, tok_config)
     st = SafeTensors(directory)
     for t in st.where.values():
         if t.name.endswith(".bias"):
@@ -641,33 +679,14 @@ def export(directory, model_out, tok_out):
     for item in plan:
         if item:
             st.check(item[0], item[1])
-    inputs = [cfg["path"], tok_config, os.path.join(directory, "tokenizer.json"), st.source] + st.files
+    inputs = [cfg["path"], tok_config_path, os.path.join(directory, "tokenizer.json"), st.source] + st.files
     for path in (model_out, tok_out):
-        if os.path.realpath(path) in {os.path.realpath(p) for p in inputs}:
+        if kf.is_input(path, inputs):
             raise Refused(path, "is one of the model's input files")
 
     # Write both to temporaries, then rename both; on any failure, remove them.
-    temps = []
-    try:
-        for final, data in ((tok_out, tok_bytes), (model_out, None)):
-            tmp, f = create_temp(final)
-            temps.append(tmp)
-            try:
-                with f:
-                    if data is None:
-                        write_checkpoint(f, st, cfg, plan, shared)
-                    else:
-                        f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())  # the data is on disk before the name points at it
-            except OSError as e:
-                raise Refused(final, f"writing {tmp} failed: {e.strerror or e}") from None
-        replace_both(temps[1], model_out, temps[0], tok_out)
-    finally:
-        for tmp in temps:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-    return cfg, shared
+    kf.write_outputs(model_out, tok_out, tok_bytes, lambda f: write_checkpoint(f, st, cfg, plan, shared))
+    return cfg, shared, tok_summary
 
 
 def main(argv):
@@ -676,7 +695,7 @@ def main(argv):
         return 2
     directory, model_out, tok_out = argv[1:]
     try:
-        cfg, shared = export(directory, model_out, tok_out)
+        cfg, shared, tok_summary = export(directory, model_out, tok_out)
     except Refused as e:
         message = str(e)
     except OSError as e:  # an input that cannot be read (permissions, I/O error)
@@ -686,9 +705,11 @@ def main(argv):
     except Exception as e:  # a check this file lacks: still one line, never a traceback
         message = f"{directory}: {type(e).__name__}: {e} (unexpected: please report this input)"
     else:
+        rope = "10000" if kf.float32(cfg["theta"]) == kf.LEGACY_THETA else f"{cfg['theta']:g} (rope extension)"
         print(f"export_hf.py: {model_out}: dim {cfg['dim']}, layers {cfg['n_layers']}, heads {cfg['n_heads']} "
-              f"(kv {cfg['n_kv_heads']}), vocab {cfg['vocab_size']}, seq_len {cfg['seq_len']}, classifier "
-              f"{'tied to the embeddings' if shared else 'separate'}; {tok_out}", file=sys.stderr)
+              f"(kv {cfg['n_kv_heads']}), vocab {cfg['vocab_size']}, seq_len {cfg['seq_len']}, rope theta {rope}, "
+              f"classifier {'tied to the embeddings' if shared else 'separate'}; {tok_out}: {tok_summary}",
+              file=sys.stderr)
         return 0
     print("export_hf.py: " + message.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
     return 1
