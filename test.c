@@ -3455,7 +3455,7 @@ static void test_smollm2_fixture(void) {
     snprintf(path, sizeof(path), "%s/tokenizer.bin", dir);
     FILE *probe = fopen(path, "rb");
     if (!probe) {
-        char why[640];
+        char why[768];
         snprintf(why, sizeof(why), "SmolLM2 tokenizer vs Hugging Face's ids (weights/smollm2_tokens.txt): no %s; "
                  "make smollm2 makes weights/smollm2/ (KVT_SMOLLM2_DIR names another folder)", path);
         skip(why);
