@@ -132,7 +132,7 @@ endif
 
 # kvtransformer.cu includes cli/*.c (the end of §4 and of §15, §16-§18, §20), cpu/*.c (§9, §10)
 # and bench/bench.c (§19): one program.
-SRCS = kvtransformer.cu kvtransformer.h bench/bench.c $(wildcard cli/*.c) $(wildcard cpu/*.c)
+SRCS = kvtransformer.cu kvtransformer.h bench/bench.c $(wildcard cli/*.c) $(wildcard cli/*.h) $(wildcard cpu/*.c)
 
 kvt: $(SRCS) Makefile
 	$(COMPILE) kvtransformer.cu -o $@ $(LIBS) $(LINKX)

@@ -89,28 +89,39 @@ void kvt_model_free(kvt_model *m);
 /* ---- tokenizer ----------------------------------------------------------- */
 
 struct kvt_piece; /* (text, id), defined in cli/tokenizer.c (§16) */
+struct kvt_merge; /* (left, right) -> (rank, id), defined in cli/tokenizer.c (§16) */
 struct kvt_prob;  /* (probability, id), defined in cli/sampler.c (§17) */
+
+/* How a byte-level file splits text before merging (its trailer says which). */
+typedef enum { KVT_PRE_NONE = 0, KVT_PRE_GPT2 = 1, KVT_PRE_SMOLLM = 2 } kvt_pre_tokenizer;
 
 typedef struct {
     int vocab_size;        /* V */
-    char **vocab;          /* (V) NUL-terminated pieces */
-    float *scores;         /* (V) BPE merge priority */
+    char **vocab;          /* (V) NUL-terminated pieces (byte-level: in GPT-2's byte-to-unicode form, "Ġthe") */
+    float *scores;         /* (V) BPE merge priority (legacy files) */
     int max_token_length;
     struct kvt_piece *sorted; /* (V) pieces sorted by text, for lookup */
     int byte_fallback;     /* 1: ids 3..258 are <0x00>..<0xFF> */
     int dummy_prefix;      /* 1: prepend " " (sentencepiece vocabularies: those with byte fallback) */
     char byte_piece[512];  /* (256) one-char strings for raw bytes */
+    int bos_id, eos_id;    /* legacy files: KVT_BOS, KVT_EOS; byte-level: the trailer's (bos_id -1: none) */
+    kvt_pre_tokenizer pre_tokenizer; /* KVT_PRE_NONE: a legacy file (greedy merges by score) */
+    int n_merges;
+    struct kvt_merge *merges; /* (n_merges) byte-level merge table sorted by (left, right) */
+    int byte_id[256];      /* byte-level: the id of each byte's one-character piece, -1 if none */
+    char **text;           /* (V) byte-level: each piece's bytes, what decode returns */
 } kvt_tokenizer;
 
-#define KVT_BOS 1
+#define KVT_BOS 1 /* the legacy (llama2.c) ids; a tokenizer's own are bos_id, eos_id */
 #define KVT_EOS 2
 
 kvt_status kvt_tokenizer_load(kvt_tokenizer *t, const char *path, int vocab_size);
 void kvt_tokenizer_free(kvt_tokenizer *t);
-/* Encode text (BOS first when bos != 0) into tokens (at most max_tokens). */
+/* Encode text (bos_id first when bos != 0 and bos_id >= 0) into tokens (at most max_tokens). */
 kvt_status kvt_encode(const kvt_tokenizer *t, const char *text, int bos,
                       int *tokens, int max_tokens, int *n_tokens);
-/* The text of token `tok` when it follows `prev` ("<0x41>" becomes "A"). */
+/* The text of token `tok` when it follows `prev` ("<0x41>" becomes "A"; a
+ * byte-level piece its raw bytes, maybe part of a UTF-8 character). */
 const char *kvt_decode(const kvt_tokenizer *t, int prev, int tok);
 /* The id of the piece spelled exactly `piece` (no encoding, no merging), or -1:
  * how a chat template finds its markers, such as "<s>" and "</s>". */

@@ -3141,6 +3141,432 @@ static void test_bpe_fast(void) {
     kvt_tokenizer_free(&tk);
 }
 
+/* ---- byte-level BPE (the "BBPE" trailer) ---------------------------------- */
+
+/* GPT-2's bytes_to_unicode() (encoder.py), written out again here so the test
+ * does not borrow the program's table: bytes '!'..'~', 0xA1..0xAC, 0xAE..0xFF
+ * are their own code point; the other 68, in order, are 256, 257, ...
+ * chars[b] = that code point in UTF-8. */
+static void gpt2_byte_chars(char chars[256][3]) {
+    int next = 256;
+    for (int b = 0; b < 256; b++) {
+        int own = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE, cp = own ? b : next++;
+        memset(chars[b], 0, 3);
+        if (cp < 0x80) chars[b][0] = (char)cp;
+        else { chars[b][0] = (char)(0xC0 | (cp >> 6)); chars[b][1] = (char)(0x80 | (cp & 0x3F)); }
+    }
+}
+
+/* A small byte-level vocabulary, V = BL_V:
+ *   0 "<|endoftext|>", 1 "<|im_start|>", 2 "<|im_end|>"   (special tokens, plain text)
+ *   3 + b: byte b's character (3 "Ā" = 0x00, 3 + 0x20 = 35 "Ġ", 3 + '\n' = 13 "Ċ", 'a' = 100)
+ *   then the merged pieces, one per merge, ids 259.. in rank order:
+ *     rank 0  b c    -> bc    259        rank 7  Ċ Ċ     -> ĊĊ    266
+ *     rank 1  a b    -> ab    260        rank 8  d o     -> do    267
+ *     rank 2  ab c   -> abc   261        rank 9  n '     -> n'    268
+ *     rank 3  a a    -> aa    262        rank 10 ' t     -> 't    269
+ *     rank 4  aa aa  -> aaaa  263        rank 11 Ã ©     -> Ã©    270   (é = bytes C3 A9)
+ *     rank 5  Ġ a    -> Ġa    264        rank 12 1 2     -> 12    271
+ *     rank 6  Ġa bc  -> Ġabc  265
+ * The merges are written as (left id, right id) after "BBPE", the
+ * pre-tokenizer, bos_id and eos_id. */
+#define BL_V 272
+#define BL_MERGES 13
+static const char *const bl_merge_text[BL_MERGES][2] = {
+    {"b", "c"}, {"a", "b"}, {"ab", "c"}, {"a", "a"}, {"aa", "aa"}, {"\xc4\xa0", "a"}, {"\xc4\xa0" "a", "bc"},
+    {"\xc4\x8a", "\xc4\x8a"}, {"d", "o"}, {"n", "'"}, {"'", "t"}, {"\xc3\x83", "\xc2\xa9"}, {"1", "2"}};
+
+/* What to write: the fields of the trailer, and one defect at a time. */
+typedef struct {
+    const char *magic;       /* "BBPE" */
+    int pre, bos, eos;
+    int n_merges;            /* the count written (BL_MERGES, or a lie) */
+    int bad_left;            /* >= 0: merge 0's left id is this */
+    int extra;               /* bytes after the last merge */
+    int header_ints;         /* how many of the 4 header ints are written */
+    int repeat_first;        /* 1: merge 0 again at the end, rank BL_MERGES (n_merges must count it) */
+} bl_opts;
+static bl_opts bl_default(int pre) {
+    bl_opts o = {"BBPE", pre, -1, 2, BL_MERGES, -1, 0, 4, 0};
+    return o;
+}
+static void write_byte_level_tokenizer(const char *p, bl_opts o) {
+    char chars[256][3];
+    gpt2_byte_chars(chars);
+    const char *vocab[BL_V];
+    static char merged[BL_MERGES][16];
+    vocab[0] = "<|endoftext|>";
+    vocab[1] = "<|im_start|>";
+    vocab[2] = "<|im_end|>";
+    for (int b = 0; b < 256; b++) vocab[3 + b] = chars[b];
+    for (int m = 0; m < BL_MERGES; m++) {
+        snprintf(merged[m], sizeof(merged[m]), "%s%s", bl_merge_text[m][0], bl_merge_text[m][1]);
+        vocab[259 + m] = merged[m];
+    }
+    FILE *f = fopen(p, "wb");
+    KVT_ASSERT(f);
+    int maxlen = 13; /* "<|endoftext|>" */
+    fwrite(&maxlen, 4, 1, f);
+    for (int i = 0; i < BL_V; i++) put_piece(f, vocab[i], 0.0f);
+    fwrite(o.magic, 1, strlen(o.magic), f);
+    int head[4] = {o.pre, o.bos, o.eos, o.n_merges};
+    fwrite(head, 4, (size_t)o.header_ints, f);
+    for (int k = 0; k < BL_MERGES + o.repeat_first && o.header_ints == 4; k++) {
+        int pair[2] = {-1, -1}, m = k % BL_MERGES;
+        for (int i = 0; i < BL_V; i++) {
+            if (!strcmp(vocab[i], bl_merge_text[m][0]) && pair[0] < 0) pair[0] = i;
+            if (!strcmp(vocab[i], bl_merge_text[m][1]) && pair[1] < 0) pair[1] = i;
+        }
+        if (k == 0 && o.bad_left >= 0) pair[0] = o.bad_left;
+        fwrite(pair, 4, 2, f);
+    }
+    for (int i = 0; i < o.extra; i++) fputc(0, f);
+    fclose(f);
+}
+
+/* The pre-tokenizer's chunks of s joined by '|' ("don|'t"), into out. */
+static void chunks_of(kvt_pre_tokenizer kind, const char *s, char *out, size_t cap) {
+    size_t len = strlen(s), ends[256], start = 0, k = 0;
+    KVT_ASSERT(len < 256);
+    int n = pre_tokenize(kind, s, len, ends);
+    out[0] = '\0';
+    for (int c = 0; c < n; start = ends[c++]) {
+        k += (size_t)snprintf(out + k, cap - k, "%s%.*s", c ? "|" : "", (int)(ends[c] - start), s + start);
+        KVT_ASSERT(k < cap);
+    }
+}
+
+/* Encode s and compare with the ids written by hand (n_want of them); on a
+ * mismatch the line names the first differing position. */
+static void expect_ids(const kvt_tokenizer *tk, const char *what, const char *s, int bos, const int *want, int n_want) {
+    int got[64], n = -1, i = 0;
+    kvt_status st = kvt_encode(tk, s, bos, got, 64, &n);
+    while (st == KVT_OK && i < n && i < n_want && got[i] == want[i]) i++;
+    int ok = st == KVT_OK && n == n_want && i == n;
+    expect(ok, "byte-level BPE: %s (ids: %d%s)", what, n,
+           ok ? "" : st != KVT_OK ? ", encode failed" : ", first difference at position shown below");
+    if (!ok && st == KVT_OK)
+        printf("  position %d: got %d, want %d (got %d ids, want %d)\n", i, i < n ? got[i] : -1,
+               i < n_want ? want[i] : -1, n, n_want);
+}
+
+/* The spec of byte-level merging on one chunk, independent of the heap and of
+ * the loader's sorted table: rescan every adjacent pair, look it up in the
+ * written list (bl_merge_text), merge the lowest rank (the leftmost of equal
+ * ranks), repeat. tokens are ids of the BL vocabulary. */
+static int rank_merge_ref(const kvt_tokenizer *tk, int *tokens, int n) {
+    for (;;) {
+        int best = BL_MERGES, at = -1;
+        for (int i = 0; i + 1 < n; i++)
+            for (int m = 0; m < best; m++)
+                if (!strcmp(tk->vocab[tokens[i]], bl_merge_text[m][0]) &&
+                    !strcmp(tk->vocab[tokens[i + 1]], bl_merge_text[m][1])) { best = m; at = i; break; }
+        if (at < 0) return n;
+        tokens[at] = 259 + best;
+        memmove(tokens + at + 1, tokens + at + 2, (size_t)(n - at - 2) * sizeof(int));
+        n--;
+    }
+}
+
+static void test_byte_level(void) {
+    const char *p = tmp_file("bl.bin");
+    char out[512];
+    kvt_tokenizer tk;
+
+    /* the pre-tokenizer on hand-written cases (expected splits from the regex's rules, by hand) */
+    struct { kvt_pre_tokenizer kind; const char *s, *want; } split[] = {
+        {KVT_PRE_GPT2, "don't", "don|'t"},
+        {KVT_PRE_GPT2, "I'LL", "I|'|LL"},                 /* contractions are lowercase only */
+        {KVT_PRE_GPT2, "we're they've", "we|'re| they|'ve"},
+        {KVT_PRE_GPT2, " 123", " 123"},                   /* gpt2: a space joins the number */
+        {KVT_PRE_SMOLLM, " 123", " |1|2|3"},              /* smollm: each digit alone */
+        {KVT_PRE_SMOLLM, "a  1", "a|  |1"},               /* the stretch before the digit ends the lookahead */
+        {KVT_PRE_GPT2, "a  1", "a| | 1"},
+        {KVT_PRE_GPT2, "a  b", "a| | b"},                 /* the run gives its last space to the word */
+        {KVT_PRE_GPT2, "x\n\n y", "x|\n\n| y"},
+        {KVT_PRE_GPT2, "x\ny", "x|\n|y"},                 /* a run of one: plain \s+ */
+        {KVT_PRE_GPT2, "end  ", "end|  "},                /* whitespace at the end: all of it */
+        {KVT_PRE_GPT2, "Hello, world!", "Hello|,| world|!"},
+        {KVT_PRE_GPT2, "a...b ?!", "a|...|b| ?!"},
+        {KVT_PRE_GPT2, "\xce\x9a\xce\xb1\xce\xbb\xce\xae \xce\xbc\xce\xad\xcf\x81\xce\xb1", /* Greek: letters */
+         "\xce\x9a\xce\xb1\xce\xbb\xce\xae| \xce\xbc\xce\xad\xcf\x81\xce\xb1"},
+        {KVT_PRE_GPT2, "\xe4\xbd\xa0\xe5\xa5\xbd\xef\xbc\x8c", "\xe4\xbd\xa0\xe5\xa5\xbd|\xef\xbc\x8c"}, /* 你好，*/
+        {KVT_PRE_GPT2, "a\xc2\xa0" "b", "a|\xc2\xa0|b"},   /* U+00A0 is \s, but not the optional ' ' */
+        {KVT_PRE_SMOLLM, "x\xd9\xa3y", "x|\xd9\xa3|y"},   /* Arabic-Indic three: \p{N} */
+        {KVT_PRE_GPT2, "\xff\xfe" "ab", "\xff\xfe|ab"},   /* invalid UTF-8: symbols */
+    };
+    int bad_split = 0;
+    for (size_t i = 0; i < sizeof(split) / sizeof(split[0]); i++) {
+        chunks_of(split[i].kind, split[i].s, out, sizeof(out));
+        if (strcmp(out, split[i].want)) {
+            bad_split++;
+            printf("  pre-tokenizer %d on '%s': got '%s', want '%s'\n", split[i].kind, split[i].s, out, split[i].want);
+        }
+    }
+    expect(!bad_split, "byte-level pre-tokenizer: %zu hand-written splits (contractions, digits, the lookahead, "
+           "Greek, CJK, U+00A0, invalid bytes)", sizeof(split) / sizeof(split[0]));
+
+    /* encoding, by hand from the table above write_byte_level_tokenizer */
+    write_byte_level_tokenizer(p, bl_default(KVT_PRE_SMOLLM));
+    kvt_status st = kvt_tokenizer_load(&tk, p, BL_V);
+    expect(st == KVT_OK && tk.pre_tokenizer == KVT_PRE_SMOLLM && tk.bos_id == -1 && tk.eos_id == 2 &&
+           tk.n_merges == BL_MERGES, "byte-level tokenizer loads: smollm, bos_id -1, eos_id 2, %d merges (%s)",
+           BL_MERGES, st == KVT_OK ? "ok" : kvt_last_error());
+    if (st != KVT_OK) return;
+    /* "abc": pairs (a,b) rank 1 and (b,c) rank 0: bc first, then (a, bc) is no merge: [a, bc].
+     * Leftmost first (what the legacy greedy does with this file's equal scores) gives ab, then abc. */
+    int abc[] = {100, 259};
+    expect_ids(&tk, "'abc' -> a bc: the lowest rank merges first, not the leftmost pair", "abc", 1, abc, 2);
+    /* "aaa": (a,a) twice at rank 3: the leftmost merges, [aa, a] */
+    int aaa[] = {262, 100};
+    expect_ids(&tk, "'aaa' -> aa a: of equal ranks the leftmost", "aaa", 1, aaa, 2);
+    /* "aaaaa": aa a a a -> aa aa a -> (aa,aa) rank 4 -> aaaa a */
+    int a5[] = {263, 100};
+    expect_ids(&tk, "'aaaaa' -> aaaa a", "aaaaa", 1, a5, 2);
+    /* " abc": one chunk Ġ a b c: bc (0), then Ġa (5), then Ġa+bc (6) = Ġabc */
+    int sabc[] = {265};
+    expect_ids(&tk, "' abc' -> Ġabc (the space is part of the word's chunk)", " abc", 1, sabc, 1);
+    /* "don't": chunks "don" "'t": do n, 't. One chunk would give do n' t (n' is rank 9, 't rank 10) */
+    int dont[] = {267, 113, 269};
+    expect_ids(&tk, "'don't' -> do n 't (no merge crosses a chunk)", "don't", 1, dont, 3);
+    /* "x\n\n" -> x ĊĊ; "x\n\ny" -> chunks x \n \n y (the lookahead) -> x Ċ Ċ y */
+    int xnn[] = {123, 266}, xnny[] = {123, 13, 13, 124};
+    expect_ids(&tk, "'x\\n\\n' -> x ĊĊ", "x\n\n", 1, xnn, 2);
+    expect_ids(&tk, "'x\\n\\ny' -> x Ċ Ċ y", "x\n\ny", 1, xnny, 4);
+    /* "12": smollm, each digit a chunk: 1 2; é = C3 A9 -> Ã © -> Ã© */
+    int twelve[] = {52, 53}, e_acute[] = {270};
+    expect_ids(&tk, "'12' with smollm -> 1 2", "12", 1, twelve, 2);
+    expect_ids(&tk, "'\xc3\xa9' -> one piece 'Ã©'", "\xc3\xa9", 1, e_acute, 1);
+    /* "<|im_start|>" is text: 12 byte tokens, the first '<' = 3 + 60 */
+    int n = 0, toks[64];
+    st = kvt_encode(&tk, "<|im_start|>", 1, toks, 64, &n);
+    expect(st == KVT_OK && n == 12 && toks[0] == 63 && toks[11] == 65,
+           "byte-level: '<|im_start|>' in text is 12 byte tokens, not the special id 1 (got %d)", n);
+    /* decoding: pieces back to bytes */
+    char joined[64] = "";
+    st = kvt_encode(&tk, "\xe2\x82\xac", 1, toks, 64, &n); /* € = E2 82 AC: three byte tokens */
+    for (int i = 0; i < n && st == KVT_OK; i++) strcat(joined, kvt_decode(&tk, i ? toks[i - 1] : -1, toks[i]));
+    expect(st == KVT_OK && n == 3 && !strcmp(kvt_decode(&tk, -1, toks[0]), "\xe2") && !strcmp(joined, "\xe2\x82\xac"),
+           "byte-level decode: '\xe2\x82\xac' is 3 tokens, each one byte of it, together the character");
+    expect(!strcmp(kvt_decode(&tk, -1, 35), " ") && !strcmp(kvt_decode(&tk, -1, 3 + 0xAD), "\xad") &&
+           !strcmp(kvt_decode(&tk, -1, 3 + 0x7F), "\x7f") && !strcmp(kvt_decode(&tk, -1, 3), "") &&
+           !strcmp(kvt_decode(&tk, -1, 265), " abc") && !strcmp(kvt_decode(&tk, -1, 1), "<|im_start|>") &&
+           !strcmp(kvt_decode(&tk, -1, 270), "\xc3\xa9"),
+           "byte-level decode: Ġ -> ' ', Ń -> 0xAD, ġ -> 0x7F, Ā (0x00) -> '' (no NUL printed), Ġabc -> ' abc', "
+           "<|im_start|> as its text, Ã© -> é");
+    /* every string round-trips, invalid UTF-8 too; the heap = the spec's rescanning loop on random 'a'/'b'/'c' runs */
+    const char *rt[] = {"", "a  b\tc\r\n", "\xff\xfe\x80 x", "caf\xc3\xa9 \xe2\x82\xac 42", "  \n\n  ", "'''s'll"};
+    int rt_bad = 0;
+    for (size_t k = 0; k < sizeof(rt) / sizeof(rt[0]); k++) {
+        joined[0] = '\0';
+        st = kvt_encode(&tk, rt[k], 1, toks, 64, &n);
+        for (int i = 0; i < n && st == KVT_OK; i++) strcat(joined, kvt_decode(&tk, i ? toks[i - 1] : -1, toks[i]));
+        rt_bad += st != KVT_OK || strcmp(joined, rt[k]);
+    }
+    expect(!rt_bad, "byte-level: decode(encode(s)) == s on %zu strings (empty, tabs, CRLF, invalid UTF-8)",
+           sizeof(rt) / sizeof(rt[0]));
+    uint64_t s = 41;
+    int heap_bad = 0, merges = 0;
+    for (int k = 0; k < 300 && !heap_bad; k++) {
+        char text[48];
+        int len = 1 + (int)(kvt_rng_u64(&s) % 40), ref[48];
+        for (int i = 0; i < len; i++) text[i] = "abc"[kvt_rng_u64(&s) % (k % 3 ? 3 : 1)]; /* a third: only 'a' */
+        text[len] = '\0';
+        for (int i = 0; i < len; i++) ref[i] = 3 + text[i];
+        int n_ref = rank_merge_ref(&tk, ref, len);
+        merges += len - n_ref;
+        st = kvt_encode(&tk, text, 1, toks, 64, &n);
+        heap_bad = st != KVT_OK || n != n_ref || memcmp(toks, ref, (size_t)n * sizeof(int));
+        if (heap_bad) printf("  '%s': %d tokens, the spec's loop %d\n", text, n, n_ref);
+    }
+    expect(!heap_bad && merges > 1000, "byte-level: heap merging by rank = the spec's rescanning loop on 300 random "
+           "strings (%d merges)", merges);
+    kvt_tokenizer_free(&tk);
+
+    /* gpt2 kind, bos_id 0: BOS first, and "12" merges (no digit split) */
+    bl_opts g = bl_default(KVT_PRE_GPT2);
+    g.bos = 0;
+    write_byte_level_tokenizer(p, g);
+    KVT_ASSERT(kvt_tokenizer_load(&tk, p, BL_V) == KVT_OK);
+    int g12[] = {0, 35, 271};
+    expect_ids(&tk, "gpt2 kind, bos_id 0: ' 12' -> BOS Ġ 12 (the digits merge)", " 12", 1, g12, 3);
+    kvt_tokenizer_free(&tk);
+
+    /* (b, c) listed again as the last merge, rank 13: the later rank counts (as in Hugging
+     * Face's and GPT-2's merge maps), so in "abc" (a,b) rank 1 goes first: ab c -> abc */
+    bl_opts r = bl_default(KVT_PRE_SMOLLM);
+    r.repeat_first = 1;
+    r.n_merges = BL_MERGES + 1;
+    write_byte_level_tokenizer(p, r);
+    KVT_ASSERT(kvt_tokenizer_load(&tk, p, BL_V) == KVT_OK);
+    int abc_r[] = {261};
+    expect_ids(&tk, "a pair listed twice merges at its later rank: 'abc' -> abc", "abc", 1, abc_r, 1);
+    kvt_tokenizer_free(&tk);
+
+    /* a 1 MB one-chunk word and 1 MB of words: O(n log n), a hang guard and not a benchmark */
+    write_byte_level_tokenizer(p, bl_default(KVT_PRE_SMOLLM));
+    KVT_ASSERT(kvt_tokenizer_load(&tk, p, BL_V) == KVT_OK);
+    int len = 1 << 20, n_a = 0, n_w = 0;
+    char *big = (char *)kvt_malloc((size_t)len + 1);
+    int *ids = (int *)kvt_malloc(((size_t)len + 3) * sizeof(int));
+    memset(big, 'a', (size_t)len);
+    big[len] = '\0';
+    double t0 = kvt_now();
+    st = kvt_encode(&tk, big, 1, ids, len + 3, &n_a);
+    double t_a = kvt_now() - t0;
+    int ok_a = st == KVT_OK && n_a == len / 4; /* aaaa pieces only: 2^20 is a multiple of 4 */
+    for (int i = 0; i < len; i++) big[i] = " ab\n1"[kvt_rng_u64(&s) % 5];
+    t0 = kvt_now();
+    st = kvt_encode(&tk, big, 1, ids, len + 3, &n_w);
+    double t_w = kvt_now() - t0;
+    expect(ok_a && st == KVT_OK && t_a < 20 && t_w < 20, "byte-level: 1 MB of 'a' -> %d tokens in %.2f s; 1 MB of "
+           "short words, digits and newlines -> %d tokens in %.2f s", n_a, t_a, n_w, t_w);
+    free(big);
+    free(ids);
+    kvt_tokenizer_free(&tk);
+
+    /* malformed trailers: each refused with one line naming what is wrong */
+    struct { const char *what, *msg; bl_opts o; } bad[8];
+    for (int i = 0; i < 8; i++) bad[i].o = bl_default(KVT_PRE_SMOLLM);
+    bad[0].what = "bad magic"; bad[0].msg = "not a byte-level trailer"; bad[0].o.magic = "BBPX";
+    bad[1].what = "a merge id out of range"; bad[1].msg = "merge 0 (272, 102): an id is out of range";
+    bad[1].o.bad_left = BL_V;
+    bad[2].what = "a merged piece missing"; bad[2].msg = "merge 0 (102 'c', 102 'c'): the merged piece is not in";
+    bad[2].o.bad_left = 102; /* merge 0, (b, c), becomes (c, c): "cc" is no piece */
+    bad[3].what = "an unknown pre-tokenizer"; bad[3].msg = "unknown pre_tokenizer 3"; bad[3].o.pre = 3;
+    bad[4].what = "extra bytes"; bad[4].msg = "bytes left after its 13 merges"; bad[4].o.extra = 3;
+    bad[5].what = "fewer merges than n_merges"; bad[5].msg = "ends at merge 13 of n_merges = 14";
+    bad[5].o.n_merges = BL_MERGES + 1;
+    bad[6].what = "a short header"; bad[6].msg = "ends inside its header"; bad[6].o.header_ints = 3;
+    bad[7].what = "bos_id out of range"; bad[7].msg = "bos_id 272 or eos_id 2 is out of range"; bad[7].o.bos = BL_V;
+    for (int i = 0; i < 8; i++) {
+        write_byte_level_tokenizer(p, bad[i].o);
+        st = kvt_tokenizer_load(&tk, p, BL_V);
+        expect(st == KVT_EFORMAT && contains(kvt_last_error(), bad[i].msg), "byte-level trailer with %s refused: %s",
+               bad[i].what, kvt_last_error());
+        if (st == KVT_OK) kvt_tokenizer_free(&tk);
+    }
+    /* a legacy file is still legacy: bos 1, eos 2, no pre-tokenizer */
+    write_bpe_tokenizer(p);
+    st = kvt_tokenizer_load(&tk, p, 3 + 256 + 5);
+    expect(st == KVT_OK && tk.pre_tokenizer == KVT_PRE_NONE && tk.bos_id == KVT_BOS && tk.eos_id == KVT_EOS &&
+           tk.n_merges == 0 && tk.byte_fallback, "a legacy tokenizer.bin: no trailer, bos_id 1, eos_id 2, "
+           "greedy merges by score");
+    if (st == KVT_OK) kvt_tokenizer_free(&tk);
+}
+
+/* The SmolLM2 vocabulary against Hugging Face: weights/smollm2_tokens.txt
+ * (weights/make_tokenizer_fixture.py) holds strings and tokenizers' ids.
+ * Needs the exported tokenizer, KVT_SMOLLM2_DIR/tokenizer.bin (default
+ * weights/smollm2). A fixture line: the escaped string (\\ \t \n \r \xHH),
+ * a TAB, the number of ids, the ids. */
+static size_t unescape(const char *s, size_t n, char *out) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '\\' || i + 1 >= n) { out[k++] = s[i]; continue; }
+        char c = s[++i];
+        if (c == 'x' && i + 2 < n) {
+            char hex[3] = {s[i + 1], s[i + 2], 0};
+            out[k++] = (char)strtol(hex, NULL, 16);
+            i += 2;
+        } else out[k++] = c == 't' ? '\t' : c == 'n' ? '\n' : c == 'r' ? '\r' : c;
+    }
+    out[k] = '\0';
+    return k;
+}
+
+static void test_smollm2_fixture(void) {
+    const char *dir = getenv("KVT_SMOLLM2_DIR") && getenv("KVT_SMOLLM2_DIR")[0] ? getenv("KVT_SMOLLM2_DIR")
+                                                                                 : "weights/smollm2";
+    char path[512];
+    snprintf(path, sizeof(path), "%s/tokenizer.bin", dir);
+    FILE *probe = fopen(path, "rb");
+    if (!probe) {
+        char why[768];
+        snprintf(why, sizeof(why), "SmolLM2 tokenizer vs Hugging Face's ids (weights/smollm2_tokens.txt): no %s; "
+                 "make smollm2 makes weights/smollm2/ (KVT_SMOLLM2_DIR names another folder)", path);
+        skip(why);
+        return;
+    }
+    fclose(probe);
+    size_t bytes = 0;
+    char *fx = read_all("weights/smollm2_tokens.txt", &bytes);
+    kvt_tokenizer tk;
+    kvt_status st = kvt_tokenizer_load(&tk, path, 49152);
+    if (!expect(fx && st == KVT_OK && tk.pre_tokenizer == KVT_PRE_SMOLLM && tk.bos_id == -1 && tk.eos_id == 2,
+                "SmolLM2 tokenizer %s loads (smollm pre-tokenizer, bos_id -1, eos_id 2) and the fixture is there: %s",
+                path, st == KVT_OK ? "ok" : kvt_last_error())) {
+        if (st == KVT_OK) kvt_tokenizer_free(&tk);
+        free(fx);
+        return;
+    }
+    int cases = 0, enc_bad = 0, rt_bad = 0, total_ids = 0;
+    size_t cap = bytes + 1;
+    char *s = (char *)kvt_malloc(cap), *back = (char *)kvt_malloc(4 * cap), *all = (char *)kvt_malloc(cap);
+    int *want = (int *)kvt_malloc(cap * sizeof(int)), *got = (int *)kvt_malloc((cap + 3) * sizeof(int));
+    size_t all_len = 0;
+    for (char *line = fx; line && *line;) {
+        char *eol = strchr(line, '\n'), *tab = (char *)memchr(line, '\t', eol ? (size_t)(eol - line) : strlen(line));
+        if (eol) *eol = '\0';
+        if (line[0] == '#' || !tab) { line = eol ? eol + 1 : NULL; continue; }
+        size_t len = unescape(line, (size_t)(tab - line), s);
+        char *q = tab + 1, *e;
+        int n_want = (int)strtol(q, &e, 10);
+        q = e;
+        for (int i = 0; i < n_want; i++, q = e) want[i] = (int)strtol(q, &e, 10);
+        memcpy(all + all_len, s, len);
+        all_len += len;
+        int n = 0, i = 0;
+        st = kvt_encode(&tk, s, 1, got, (int)cap, &n);
+        while (st == KVT_OK && i < n && i < n_want && got[i] == want[i]) i++;
+        if (st != KVT_OK || n != n_want || i != n) {
+            if (enc_bad++ < 5)
+                printf("  case %d '%.*s': first difference at id %d: got %d, Hugging Face %d (%d ids, want %d)%s%s\n",
+                       cases + 1, (int)(tab - line), line, i, i < n ? got[i] : -1, i < n_want ? want[i] : -1, n, n_want,
+                       st != KVT_OK ? ": " : "", st != KVT_OK ? kvt_last_error() : "");
+        }
+        back[0] = '\0';
+        for (int k = 0, bl = 0; k < n && st == KVT_OK; k++) { /* decode(encode(s)) */
+            const char *piece = kvt_decode(&tk, k ? got[k - 1] : -1, got[k]);
+            size_t pl = strlen(piece);
+            memcpy(back + bl, piece, pl + 1);
+            bl += (int)pl;
+        }
+        if (st != KVT_OK || strcmp(back, s)) {
+            size_t d = 0;
+            while (back[d] && back[d] == s[d]) d++;
+            if (rt_bad++ < 5) printf("  case %d '%.*s': decode(encode(s)) differs from byte %zu\n", cases + 1,
+                                     (int)(tab - line), line, d);
+        }
+        total_ids += n_want;
+        cases++;
+        line = eol ? eol + 1 : NULL;
+    }
+    expect(cases >= 200 && !enc_bad, "SmolLM2 tokenizer: %d of %d fixture strings encode to Hugging Face's ids "
+           "(%d ids)", cases - enc_bad, cases, total_ids);
+    expect(cases >= 200 && !rt_bad, "SmolLM2 tokenizer: decode(encode(s)) == s for %d of %d strings", cases - rt_bad,
+           cases);
+    /* speed: all the fixture's text as one string, 8 times over (a hang guard, not a benchmark) */
+    char *many = (char *)kvt_malloc(8 * all_len + 1);
+    for (int r = 0; r < 8; r++) memcpy(many + r * all_len, all, all_len);
+    many[8 * all_len] = '\0';
+    int *ids = (int *)kvt_malloc((8 * all_len + 3) * sizeof(int)), n_many = 0;
+    double t0 = kvt_now();
+    st = kvt_encode(&tk, many, 1, ids, (int)(8 * all_len + 3), &n_many);
+    double secs = kvt_now() - t0;
+    expect(st == KVT_OK && secs < 10, "SmolLM2 tokenizer: %zu KB of mixed text -> %d tokens in %.3f s",
+           8 * all_len / 1024, n_many, secs);
+    free(many);
+    free(ids);
+    free(s);
+    free(back);
+    free(all);
+    free(want);
+    free(got);
+    free(fx);
+    kvt_tokenizer_free(&tk);
+}
+
 static void test_sampler(void) {
     float lg[6] = {1, 5, 2, 4.9f, 0, -1}, tmp[6];
     kvt_sampler s;
@@ -4353,6 +4779,16 @@ static void write_fuzz_seeds(const char *dir) {
     for (int ch; (ch = fgetc(in)) != EOF;) fputc(ch, out);
     fclose(in);
     fclose(out);
+    snprintf(path, sizeof(path), "%s/tokenizer/byte_level.bin", dir); /* and a byte-level one, V = BL_V */
+    write_byte_level_tokenizer(plain, bl_default(KVT_PRE_SMOLLM));
+    in = fopen(plain, "rb");
+    out = fopen(path, "wb");
+    KVT_ASSERT(in && out);
+    fputc((BL_V - 1) & 255, out);
+    fputc((BL_V - 1) >> 8, out);
+    for (int ch; (ch = fgetc(in)) != EOF;) fputc(ch, out);
+    fclose(in);
+    fclose(out);
     const char *cli[] = {"--random\n32,1,4,2,64,50,32\n-n\n5", "--random\n64,2,4,2,128,-2147483648,64",
                          "--fork\n2\n--prompts\nx", "--kv-dtype\nint8\n--kv-group\n8\n--chunk\n4", "-t\n1e-40\n--topp\n0.5",
                          "--bench\ncontext\n--bench-ctx\n100\n--csv\nx.csv", "--prompt-tokens\n3\n--split\n-1\n--attn\nnaive"};
@@ -4412,20 +4848,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static char path[64];
     if (!path[0]) snprintf(path, sizeof(path), "/tmp/kvt_fuzz_%d.bin", (int)getpid());
 #if KVT_FUZZ == 3
-    static kvt_tokenizer tk;
+    static kvt_tokenizer tk, bl; /* the sentencepiece-style one and a byte-level one */
     static int ready = 0;
     if (!ready) {
         write_bpe_tokenizer(path);
         KVT_ASSERT(kvt_tokenizer_load(&tk, path, 3 + 256 + 5) == KVT_OK);
+        write_byte_level_tokenizer(path, bl_default(KVT_PRE_SMOLLM));
+        KVT_ASSERT(kvt_tokenizer_load(&bl, path, BL_V) == KVT_OK);
         ready = 1;
     }
-    char *text = (char *)kvt_malloc(size + 1);
+    char *text = (char *)kvt_malloc(size + 1), *back = (char *)kvt_malloc(size + 1);
     memcpy(text, data, size);
     text[size] = '\0';
     int *toks = (int *)kvt_malloc((size + 3) * sizeof(int)), n = 0;
     if (kvt_encode(&tk, text, 1, toks, (int)size + 3, &n) == KVT_OK)
         for (int i = 1; i < n; i++) KVT_ASSERT(toks[i] >= 0 && toks[i] < tk.vocab_size && kvt_decode(&tk, toks[i - 1], toks[i]));
+    KVT_ASSERT(kvt_encode(&bl, text, 1, toks, (int)size + 3, &n) == KVT_OK); /* any bytes encode */
+    back[0] = '\0';
+    for (int i = 0; i < n; i++) strcat(back, kvt_decode(&bl, i ? toks[i - 1] : -1, toks[i]));
+    KVT_ASSERT(!strcmp(back, text)); /* and decode back to themselves */
     free(text);
+    free(back);
     free(toks);
 #else
     FILE *f = fopen(path, "wb");
@@ -4496,6 +4939,8 @@ int main(int argc, char **argv) {
     test_sizes();
     test_bpe();
     test_bpe_fast();
+    test_byte_level();
+    test_smollm2_fixture();
     test_sampler();
     test_default_model();
     test_hardening();
