@@ -536,7 +536,9 @@ static void trace_ids(char *buf, size_t cap, kvt_seq *const *batch, int nb) {
 }
 
 /* Teacher-forced mean negative log-likelihood of a text, in windows of TMAX
- * positions: [BOS, c0 .. c(W-2)] predicts c0 .. c(W-1), W = TMAX - 1 chars. */
+ * positions: [BOS, c0 .. c(W-2)] predicts c0 .. c(W-1), W = TMAX - 1 chars.
+ * A tokenizer that puts no BOS first (SmolLM2's) starts each window with its
+ * document separator <|endoftext|>, as GPT-2-style models are evaluated. */
 /* The NLL of token j is logsumexp(logits_j) - logits_j[target], computed in
  * double from the fp32 logits. The windows match weights/train.py's held-out
  * evaluation exactly, so the two numbers can be compared to 1e-3 nats. The
@@ -555,20 +557,28 @@ static kvt_status run_ppl(kvt_engine *e, kvt_tokenizer *tk, const char *path, do
     size_t start = (size_t)(from * (double)size), len = size - start;
     if (len > (size_t)INT_MAX - 3) { free(text); return kvt_fail(KVT_EARG, "--ppl '%s': %zu bytes, more than this "
                                                                    "program scores at once (2^31)", path, len); }
+    int first = tk->bos_id >= 0 ? tk->bos_id : kvt_piece_id(tk, "<|endoftext|>"), bl = tk->pre_tokenizer != KVT_PRE_NONE;
+    if (first < 0) {
+        free(text);
+        return kvt_fail(KVT_EARG, "--ppl: the tokenizer puts no BOS first and has no <|endoftext|> to start a window");
+    }
     long line = 1; /* the file's line number of text[i], for error messages */
     for (size_t i = 0; i < start; i++) line += text[i] == '\n';
     int *ids = (int *)kvt_malloc((len + 3) * sizeof(int)), n = 0;
     /* Line by line, so no merge spans a newline; not for speed: merging is
-     * O(n log n) (§16), and a file that is one long line encodes as fast. */
+     * O(n log n) (§16), and a file that is one long line encodes as fast. A
+     * byte-level tokenizer takes the whole text at once, as Hugging Face's
+     * does: its pre-tokenizer keeps a run of spaces and newlines together. */
     for (size_t i = start; i < size && st == KVT_OK; line++) {
         size_t j = i;
-        while (j < size && text[j] != '\n') j++;
+        while (j < size && (bl || text[j] != '\n')) j++;
         if (j < size) j++;
         st = encode_piece(tk, text + i, j - i, i == start && tk->dummy_prefix, ids, &n);
         if (st != KVT_OK) {
             char msg[sizeof(kvt_errbuf)];
             snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
-            kvt_fail(st, "--ppl '%s' line %ld: %s", path, line, msg);
+            if (bl) kvt_fail(st, "--ppl '%s': %s", path, msg);
+            else kvt_fail(st, "--ppl '%s' line %ld: %s", path, line, msg);
         }
         i = j;
     }
@@ -588,7 +598,7 @@ static kvt_status run_ppl(kvt_engine *e, kvt_tokenizer *tk, const char *path, do
     long count = 0;
     for (int w0 = 0; w0 < n && st == KVT_OK; w0 += W) {
         int wl = n - w0 < W ? n - w0 : W;
-        win[0] = KVT_BOS;
+        win[0] = first;
         memcpy(win + 1, ids + w0, (size_t)(wl - 1) * sizeof(int));
         kvt_seq_reset(e, &s);
         st = kvt_forward(e, &s, win, wl, logits, 1);
@@ -622,7 +632,7 @@ static kvt_status run_ppl(kvt_engine *e, kvt_tokenizer *tk, const char *path, do
  * a UTF-8 character (byte-fallback pieces <0xC3><0xA9> give "é" together). */
 static void print_token(const kvt_tokenizer *tk, int prev, int tok) {
     if (!tk) { printf("%d ", tok); return; }
-    if (tok == KVT_BOS || tok == KVT_EOS) return; /* markers, not text */
+    if (tok == tk->bos_id || tok == tk->eos_id) return; /* markers, not text */
     const char *piece = kvt_decode(tk, prev, tok);
     unsigned char b = (unsigned char)piece[0];
     if (b && !piece[1] && b < 32 && b != '\n' && b != '\t') return;
@@ -762,12 +772,15 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
         }
         if (n == np + a->steps) break; /* -n 0: the prompt's logits were all that was asked */
         int next = kvt_sample(&sm, logits, V);
-        if (tk && (next == KVT_BOS || next == KVT_EOS)) { stop = next; break; }
+        if (tk && (next == tk->bos_id || next == tk->eos_id)) { stop = next; break; }
         print_token(tk, hist[n - 1], next);
         fflush(stdout);
         hist[n++] = next;
     }
     printf("\n");
+    if (stop >= 0 && n == np) /* nothing printed: say why */
+        fprintf(stderr, "kvt: the model's first token was its end marker '%s' (id %d), so there is no text; an "
+                "instruct model answers in --chat\n", tk->vocab[stop], stop);
     if (dt) { /* the ids fed, then the last chosen (which was not fed) */
         for (int i = 0; i < n; i++) fprintf(dt, "%d\n", hist[i]);
         if (stop >= 0) fprintf(dt, "%d\n", stop);
@@ -863,7 +876,7 @@ static int run_batch(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_c
         for (int i = 0; i < n_seqs; i++) {
             if (!active[i]) continue;
             int t = kvt_sample(&sm[i], logits + (size_t)i * V, V);
-            if (tk && (t == KVT_BOS || t == KVT_EOS)) { active[i] = 0; continue; }
+            if (tk && (t == tk->bos_id || t == tk->eos_id)) { active[i] = 0; continue; }
             hist[(size_t)i * TMAX + len[i]++] = t;
             if (step + 1 < a->steps) { batch[nb] = &seqs[i]; next[nb++] = t; }
         }
@@ -999,7 +1012,7 @@ static kvt_status chat_render(const kvt_chat *c, const kvt_tokenizer *tk, int tu
         seg[ns].id = -1, seg[ns].lead = 0, seg[ns++].text = chat_cat(asst);
     } else {
         const char *system[] = {sys, "\n", NULL}, *u[] = {user, "\n", NULL};
-        if (first) seg[ns].id = c->bos, seg[ns++].text = NULL;
+        if (first && c->bos >= 0) seg[ns].id = c->bos, seg[ns++].text = NULL;
         if (has_sys) seg[ns].id = -1, seg[ns].lead = lead, seg[ns++].text = chat_cat(system);
         seg[ns].id = -1, seg[ns].lead = first && !has_sys ? lead : 0, seg[ns++].text = chat_cat(u);
     }
@@ -1075,8 +1088,8 @@ static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cl
     /* ChatML's system prompt when -y is not given: SmolLM2-Instruct's, from its template */
     const char *sys = c.tpl == TPL_CHATML && !a->system ? "You are a helpful AI assistant named SmolLM, trained by "
                       "Hugging Face" : a->system;
-    c.bos = KVT_BOS;
-    c.eos = KVT_EOS;
+    c.bos = tk ? tk->bos_id : KVT_BOS; /* plain's: -1 when the tokenizer puts no BOS first */
+    c.eos = tk ? tk->eos_id : KVT_EOS;
     c.room = TMAX;
     if (e->o.n_chunks > 0 && (long)e->o.n_chunks * e->pool.CH < TMAX) c.room = e->o.n_chunks * e->pool.CH;
     const char *name = arg_templates[c.tpl];
@@ -1182,7 +1195,7 @@ static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cl
                 break;
             }
             int next = kvt_sample(&sm, logits, V);
-            int end = tk && (c.tpl == TPL_PLAIN ? next == KVT_BOS || next == KVT_EOS : next == c.eos);
+            int end = tk && (c.tpl == TPL_PLAIN ? next == tk->bos_id || next == tk->eos_id : next == c.eos);
             if (end && c.tpl == TPL_PLAIN) break; /* as without --chat: a marker the text does not show */
             if (c.n == c.room) { full = 2; break; }
             c.hist[c.n++] = next;
@@ -1393,6 +1406,8 @@ static int cli_main(int argc, char **argv) {
         prompts[0] = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
         if (a.tokens) st = parse_tokens(a.tokens, V, TMAX, prompts[0], &np[0]);
         else if (tkp) st = kvt_encode(tkp, a.prompt, 1, prompts[0], TMAX, &np[0]);
+        if (st == KVT_OK && tkp && !a.tokens && np[0] == 0)
+            st = kvt_fail(KVT_EARG, "-i: the prompt is empty and this tokenizer puts no BOS first: give some text");
         else if (a.prompt_tokens > TMAX) st = kvt_fail(KVT_ECONTEXT, "--prompt-tokens %d: more than TMAX = %d", a.prompt_tokens, TMAX);
         else { np[0] = a.prompt_tokens; prompts[0][0] = KVT_BOS % V; kvt_fake_tokens(prompts[0] + 1, np[0] - 1, V); }
         if (st != KVT_OK) { cli_fail("prompt: "); kvt_errbuf[0] = '\0'; goto done; }
