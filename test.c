@@ -4453,46 +4453,57 @@ static void attn_capture_rows(void *ctx, int layer, int n, const int *pos, const
         c->rows++;
     }
 }
+/* The engine's layer-0 weights against ref (attn_layer0_ref's layout) on one
+ * path (0 cpu naive, 1 cpu fused, 2 gpu naive, 3 gpu fused): a prefill of
+ * `prefill` rows, then one token a step up to n. The largest difference (NaN
+ * for a row never handed over); *rows: the rows the probe saw. */
+static double probe_vs_ref(kvt_model *m, const int *tok, int n, int prefill, int path, const double *ref, int *rows) {
+    int NH = m->c.n_heads;
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = path >= 2 ? KVT_GPU : KVT_CPU;
+    o.attn = path % 2 ? KVT_ATTN_FUSED : KVT_ATTN_NAIVE;
+    attn_capture c = {(double *)kvt_malloc((size_t)n * NH * n * sizeof(double)), n, NH, 0};
+    for (size_t i = 0; i < (size_t)n * NH * n; i++) c.w[i] = NAN;
+    o.attn_probe = attn_capture_rows;
+    o.attn_ctx = &c;
+    o.attn_layer = 0;
+    float *logits = (float *)kvt_malloc((size_t)m->c.vocab_size * sizeof(float));
+    kvt_engine *e;
+    kvt_seq s;
+    KVT_ASSERT(kvt_engine_create(&e, m, &o) == KVT_OK && kvt_seq_init(e, &s) == KVT_OK);
+    KVT_ASSERT(kvt_forward(e, &s, tok, prefill, logits, 0) == KVT_OK);
+    for (int p = prefill; p < n; p++) KVT_ASSERT(kvt_forward(e, &s, tok + p, 1, logits, 0) == KVT_OK);
+    double worst = 0;
+    for (int p = 0; p < n; p++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t <= p; t++) {
+                double d = fabs(c.w[((size_t)p * NH + h) * n + t] - ref[((size_t)p * NH + h) * n + t]);
+                worst = d > worst || d != d ? d : worst; /* a NaN (a row never handed over) stays */
+            }
+    *rows = c.rows;
+    kvt_seq_free(e, &s);
+    kvt_engine_free(e);
+    free(c.w);
+    free(logits);
+    return worst;
+}
 static void test_dump_attn(void) {
     /* the engine's probe against the float64 layer 0, on every path: a prefill of 6 rows, then 4 decode steps */
     kvt_model m;
     KVT_ASSERT(kvt_model_load(&m, "weights/model.bin") == KVT_OK);
-    int tok[10] = {1, 30, 27, 25, 27, 26, 17, 3, 34, 53}, n = 10, NH = m.c.n_heads, V = m.c.vocab_size;
+    int tok[10] = {1, 30, 27, 25, 27, 26, 17, 3, 34, 53}, n = 10, NH = m.c.n_heads;
     double *ref = (double *)kvt_malloc((size_t)n * NH * n * sizeof(double));
     attn_layer0_ref(&m, tok, n, ref);
-    float *logits = (float *)kvt_malloc((size_t)V * sizeof(float));
     for (int path = 0; path < 4; path++) {
         if (path >= 2 && !kvt_gpu_available()) { skip("attention probe on the GPU: no CUDA device"); continue; }
-        kvt_options o;
-        kvt_options_default(&o);
-        o.device = path >= 2 ? KVT_GPU : KVT_CPU;
-        o.attn = path % 2 ? KVT_ATTN_FUSED : KVT_ATTN_NAIVE;
-        attn_capture c = {(double *)kvt_malloc((size_t)n * NH * n * sizeof(double)), n, NH, 0};
-        for (size_t i = 0; i < (size_t)n * NH * n; i++) c.w[i] = NAN;
-        o.attn_probe = attn_capture_rows;
-        o.attn_ctx = &c;
-        o.attn_layer = 0;
-        kvt_engine *e;
-        kvt_seq s;
-        KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK && kvt_seq_init(e, &s) == KVT_OK);
-        KVT_ASSERT(kvt_forward(e, &s, tok, 6, logits, 0) == KVT_OK);
-        for (int p = 6; p < n; p++) KVT_ASSERT(kvt_forward(e, &s, tok + p, 1, logits, 0) == KVT_OK);
-        double worst = 0;
-        for (int p = 0; p < n; p++)
-            for (int h = 0; h < NH; h++)
-                for (int t = 0; t <= p; t++) {
-                    double d = fabs(c.w[((size_t)p * NH + h) * n + t] - ref[((size_t)p * NH + h) * n + t]);
-                    worst = d > worst || d != d ? d : worst; /* a NaN (a row never handed over) stays */
-                }
-        expect(c.rows == n && worst <= TOL_ATTN, "attention probe, %s %s, default model: layer 0's weights of %d rows "
+        int rows;
+        double worst = probe_vs_ref(&m, tok, n, 6, path, ref, &rows);
+        expect(rows == n && worst <= TOL_ATTN, "attention probe, %s %s, default model: layer 0's weights of %d rows "
                "(6 prefill + 4 decode) = float64 from the checkpoint within TOL_ATTN = %.0e (worst %.2e)",
-               path >= 2 ? "gpu" : "cpu", o.attn == KVT_ATTN_NAIVE ? "naive" : "fused", c.rows, TOL_ATTN, worst);
-        kvt_seq_free(e, &s);
-        kvt_engine_free(e);
-        free(c.w);
+               path >= 2 ? "gpu" : "cpu", path % 2 ? "fused" : "naive", rows, TOL_ATTN, worst);
     }
     free(ref);
-    free(logits);
     kvt_model_free(&m);
     if (!have_kvt("--dump-attn on the command line")) return;
     /* the command line: 7 prompt positions + 5 generated = 12 rows, every layer and head */
@@ -4584,36 +4595,13 @@ static void test_rope_base(void) {
                 apart = fmax(apart, fabs(ref[((size_t)q * NH + h) * n + t] - ref10k[((size_t)q * NH + h) * n + t]));
     expect(apart > 100 * TOL_ATTN, "RoPE base 500000 vs 10000 in float64: layer 0's weights differ by %.2e (> 100 x "
            "TOL_ATTN), so the check below can tell the bases apart", apart);
-    float *logits = (float *)kvt_malloc((size_t)m2.c.vocab_size * sizeof(float));
     for (int path = 0; path < 4; path++) {
         if (path >= 2 && !kvt_gpu_available()) { skip("RoPE base on the GPU: no CUDA device"); continue; }
-        kvt_options o;
-        kvt_options_default(&o);
-        o.device = path >= 2 ? KVT_GPU : KVT_CPU;
-        o.attn = path % 2 ? KVT_ATTN_FUSED : KVT_ATTN_NAIVE;
-        attn_capture c = {(double *)kvt_malloc((size_t)n * NH * n * sizeof(double)), n, NH, 0};
-        for (size_t i = 0; i < (size_t)n * NH * n; i++) c.w[i] = NAN;
-        o.attn_probe = attn_capture_rows;
-        o.attn_ctx = &c;
-        o.attn_layer = 0;
-        kvt_engine *e;
-        kvt_seq sq;
-        KVT_ASSERT(kvt_engine_create(&e, &m2, &o) == KVT_OK && kvt_seq_init(e, &sq) == KVT_OK);
-        KVT_ASSERT(kvt_forward(e, &sq, tok, 7, logits, 0) == KVT_OK);
-        for (int q = 7; q < n; q++) KVT_ASSERT(kvt_forward(e, &sq, tok + q, 1, logits, 0) == KVT_OK);
-        double worst = 0;
-        for (int q = 0; q < n; q++)
-            for (int h = 0; h < NH; h++)
-                for (int t = 0; t <= q; t++) {
-                    double d = fabs(c.w[((size_t)q * NH + h) * n + t] - ref[((size_t)q * NH + h) * n + t]);
-                    worst = d > worst || d != d ? d : worst;
-                }
-        expect(c.rows == n && worst <= TOL_ATTN, "RoPE base 500000, %s %s: layer 0's weights of %d rows (7 prefill + "
+        int rows;
+        double worst = probe_vs_ref(&m2, tok, n, 7, path, ref, &rows);
+        expect(rows == n && worst <= TOL_ATTN, "RoPE base 500000, %s %s: layer 0's weights of %d rows (7 prefill + "
                "5 decode) = float64 with base 500000 within TOL_ATTN = %.0e (worst %.2e)", path >= 2 ? "gpu" : "cpu",
-               path % 2 ? "fused" : "naive", c.rows, TOL_ATTN, worst);
-        kvt_seq_free(e, &sq);
-        kvt_engine_free(e);
-        free(c.w);
+               path % 2 ? "fused" : "naive", rows, TOL_ATTN, worst);
     }
     kvt_model_free(&m2);
     /* a damaged extension: wrong magic, a base <= 1, a NaN base */
@@ -4639,7 +4627,6 @@ static void test_rope_base(void) {
     free(raw);
     free(ref);
     free(ref10k);
-    free(logits);
     kvt_model_free(&m);
 }
 

@@ -1406,10 +1406,10 @@ static int cli_main(int argc, char **argv) {
         prompts[0] = (int *)kvt_malloc((size_t)TMAX * sizeof(int));
         if (a.tokens) st = parse_tokens(a.tokens, V, TMAX, prompts[0], &np[0]);
         else if (tkp) st = kvt_encode(tkp, a.prompt, 1, prompts[0], TMAX, &np[0]);
-        if (st == KVT_OK && tkp && !a.tokens && np[0] == 0)
-            st = kvt_fail(KVT_EARG, "-i: the prompt is empty and this tokenizer puts no BOS first: give some text");
         else if (a.prompt_tokens > TMAX) st = kvt_fail(KVT_ECONTEXT, "--prompt-tokens %d: more than TMAX = %d", a.prompt_tokens, TMAX);
         else { np[0] = a.prompt_tokens; prompts[0][0] = KVT_BOS % V; kvt_fake_tokens(prompts[0] + 1, np[0] - 1, V); }
+        if (st == KVT_OK && np[0] == 0) /* only an empty -i with a tokenizer that puts no BOS first */
+            st = kvt_fail(KVT_EARG, "-i: the prompt is empty and this tokenizer puts no BOS first: give some text");
         if (st != KVT_OK) { cli_fail("prompt: "); kvt_errbuf[0] = '\0'; goto done; }
     }
     for (int i = 0; i < n_prompts; i++) longest = np[i] > longest ? np[i] : longest;
