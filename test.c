@@ -568,9 +568,13 @@ static void test_attention(int gpu) {
         {4, 1, 128, 16, 512, 300, 1, KVT_FP32, 128},
         {8, 2, 128, 32, 512, 333, 2, KVT_FP16, 128},
         {4, 1, 128, 16, 512, 301, 1, KVT_INT8, 32},
-        /* groups of 8 and 6 query heads: two blocks per kv head, the second one full or not */
+        /* groups of 8 and 6 query heads: one pass of a block serves them all, over 300+ keys
+         * (10 tiles of 32, 3 of 128); a group of 12: two passes, of 8 and 4 heads */
         {8, 1, 32, 8, 64, 40, 2, KVT_FP32, 32},
         {6, 1, 32, 8, 64, 45, 2, KVT_FP16, 16},
+        {8, 1, 128, 16, 512, 320, 1, KVT_FP32, 128},
+        {12, 2, 128, 32, 512, 310, 2, KVT_INT8, 32},
+        {12, 1, 64, 16, 512, 300, 1, KVT_FP16, 64},
         /* head size 256 (more 16-byte units than a 32-thread block has threads); head size
          * 6 (no whole 16-byte unit: one value at a time) */
         {2, 2, 256, 8, 64, 20, 1, KVT_FP32, 256},
