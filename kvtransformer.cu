@@ -1827,11 +1827,11 @@ static const kvt_ops kvt_cpu_ops = {embed_cpu, rmsnorm_cpu, matmul_cpu, rope_cpu
 static const kvt_ops kvt_gpu_ops = {embed_gpu, rmsnorm_gpu, matmul_gpu, rope_gpu, kv_write_gpu,
                                     attention_naive_gpu, attention_fused_gpu, swiglu_gpu, residual_gpu};
 
-/* GPU automatic split: one block per (row, head, piece) of the fused attention
- * (§12). Decode has few rows (NH x 1 = 32 blocks for one 7B sequence on 132
- * SMs: three quarters of the GPU idle), so cut the positions into as many
- * pieces as give KVT_SPLIT_BLOCKS_PER_SM blocks per SM, but none shorter than a
- * tile of KVT_THREADS keys. A batch of 16 rows fills the GPU unsplit. */
+/* GPU automatic split: one block per (row, kv head, piece) of the fused
+ * attention (§12). Decode has few rows (NKV x 1 = 32 blocks for one 7B sequence
+ * on 132 SMs: three quarters of the GPU idle), so cut the positions into as
+ * many pieces as give KVT_SPLIT_BLOCKS_PER_SM blocks per SM, but none shorter
+ * than a tile of KVT_THREADS keys. 16 rows of a 7B fill the GPU unsplit. */
 #define KVT_SPLIT_BLOCKS_PER_SM 2
 /* CPU automatic split: a call of at most KVT_CPU_SPLIT_ROWS rows (decode, a small
  * batch) cuts each row's positions into pieces of KVT_CPU_SPLIT, so that one
@@ -2008,8 +2008,8 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
     size_t R = (size_t)e->rows, cpu_parts = (size_t)KVT_CPU_SPLIT_ROWS * (size_t)kvt_cdiv(TMAX, KVT_CPU_SPLIT);
     e->sms = e->gpu ? kvt_gpu_sms() : 0;
     if (o->split_len > 0) kvt_mul_ok(R, (size_t)kvt_cdiv(TMAX, o->split_len), &e->part_cap);
-    else if (e->gpu) /* n rows x ceil(B / (NH n)) pieces <= B / NH + n, with B the blocks wanted */
-        e->part_cap = R + (size_t)kvt_cdiv(KVT_SPLIT_BLOCKS_PER_SM * e->sms, c->n_heads);
+    else if (e->gpu) /* n rows x ceil(B / (NKV n)) pieces <= B / NKV + n, with B the blocks wanted */
+        e->part_cap = R + (size_t)kvt_cdiv(KVT_SPLIT_BLOCKS_PER_SM * e->sms, c->n_kv_heads);
     else e->part_cap = R > cpu_parts ? R : cpu_parts;
     /* Every size first, in size_t with overflow checks; then one check that they
      * fit in memory; only then the allocations. The scratch table's shapes are
@@ -2141,7 +2141,7 @@ static void attn_split(const kvt_engine *e, int max_pos, int n_rows, int *split_
     if (len == 0 && !e->gpu) /* CPU: work items are (block of rows, piece); a few rows need pieces to fill the cores */
         len = n_rows <= KVT_CPU_SPLIT_ROWS && T > KVT_CPU_SPLIT ? KVT_CPU_SPLIT : T;
     if (len == 0) { /* GPU: KVT_SPLIT_BLOCKS_PER_SM blocks per SM, pieces of at least a tile */
-        int want = kvt_cdiv(KVT_SPLIT_BLOCKS_PER_SM * e->sms, e->m->c.n_heads * n_rows), most = kvt_cdiv(T, KVT_THREADS);
+        int want = kvt_cdiv(KVT_SPLIT_BLOCKS_PER_SM * e->sms, e->m->c.n_kv_heads * n_rows), most = kvt_cdiv(T, KVT_THREADS);
         len = kvt_cdiv(T, want < most ? want : most);
     }
     if (len < 0 || len > T) len = T;
