@@ -1708,7 +1708,7 @@ KVT_INLINE void attn_fused_block(float *out, float *part, const float *q, kvt_kv
          * thread c adds channel c over the slots (in a fixed order, no
          * atomics). One piece: out = acc / l (the softmax's division,
          * postponed to the end); several: leave (m, l, acc) for the merge. */
-        KVT_UNROLL for (int h = 0; h < KVT_GQA && h < nq; h++) { /* nq: the same in all threads */
+        KVT_UNROLL for (int h = 0; h < KVT_GQA && h < nq; h++) { /* nq is block-wide: no thread skips a barrier */
             KVT_UNROLL for (int v = 0; v < UV; v++)
                 KVT_UNROLL for (int e = 0; e < W; e++)
                     if (slot < NS && tid % NU + v * KVT_THREADS < NU) red_s[slot * HS + cv[v] + e] = acc[h][v][e];
