@@ -1564,35 +1564,42 @@ static void attention_fused_cpu(float *out, const float *q, kvt_kv kv, int l, in
         attention_piece_cpu(part, q, &kv, l, NH, first[it / nsplit], first[it / nsplit + 1], it % nsplit, split_len, nsplit);
     attention_merge_cpu(out, part, n, NH, kv.HS, nsplit);
 }
-/* grid (NKV * ceil(group / KVT_GQA) * nsplit, n), block (KVT_THREADS): one
- * block per (row, kv head, piece), serving up to KVT_GQA query heads of the kv
- * head's group (group = NH / NKV): each K and V row is read once for all of
- * them. A cached row is read in units of W values, one 16-byte load each:
- * 4 fp32, 8 fp16 or 16 int8 values (int8: G a multiple of 16, one scale per
- * unit); other types and shapes go one value at a time (W = 1, kv_load).
- * The positions of the piece are walked in tiles of blockDim keys:
+/* grid (NKV * nsplit, n), block (KVT_THREADS): one block per (row, kv head,
+ * piece), serving all query heads of the kv head (group = NH / NKV) in passes
+ * of up to KVT_GQA heads, whose accumulators are registers: a pass reads each
+ * K and V row of the piece once for all its heads (Llama 3 8B's groups of 4,
+ * 70B's of 8: one pass; a group of 12 reads the rows twice). A cached row is
+ * read in units of W values, one 16-byte load each: 4 fp32, 8 fp16 or 16 int8
+ * values (int8: G a multiple of 16, one scale per unit); other types and
+ * shapes go one value at a time (W = 1, kv_load). The positions of the piece
+ * are walked in tiles of blockDim keys:
  *
  *   tile:  t0 ........................ t0+blockDim
  *   step 0 thread j: where key t0+j's K and V rows start (one key per thread)
- *   step 1 lane u of group g (KVT_KL lanes): q.K over units u, u+KL, .. of keys
- *          j = g, g + groups, ..: a group reads 16 * KL contiguous bytes per load
- *   step 2 thread j: s_j = the sum of key j's KL partial dot products
- *   step 3 every thread: m' = max(m, max_j s_j); thread j: e_j = exp(s_j - m')
- *   step 4 thread (slot, unit): acc = acc*exp(m-m') + sum of e_j V[t0+j][unit]
+ *   step 1 lane u of group g (KVT_KL lanes of a warp): q.K over units u, u+KL,
+ *          .. of keys j = g, g + groups, ..: a group reads 16 * KL contiguous
+ *          bytes per load; shuffles add up the lanes' partial sums into s_j
+ *   step 2 every thread: m' = max(m, max_j s_j); thread j: e_j = exp(s_j - m')
+ *   step 3 thread (slot, unit): acc = acc*exp(m-m') + sum of e_j V[t0+j][unit]
  *          over keys j = slot, slot + slots, ..: KVT_VK loads, then their FMAs
  *
  * A barrier between two steps: each reads what the step before wrote to
  * shared memory. At the end, the slots' accumulators of a unit are added up.
  * No score row is written to global memory: a block reads its queries, its
- * piece's K and V rows once, and writes its output. attn_fused_block is the
- * kernel's body, always inlined: nvcc compiles one copy for each W, with the
- * loops over units unrolled and the accumulators in registers. */
-#define KVT_KL 8  /* lanes per key in step 1 */
-#define KVT_GQA 4 /* most query heads per block */
-#define KVT_VK 4  /* V rows a thread loads at once in step 4 */
-#define KVT_VU (KVT_MAX_HS / KVT_THREADS) /* most units per thread in step 4 (W = 1) */
-KVT_STATIC_ASSERT(KVT_THREADS % KVT_KL == 0 && KVT_GQA * KVT_THREADS * (KVT_KL + 1) >= 16 * KVT_THREADS + KVT_MAX_HS,
-                  "fused attention: whole key groups; red_s holds every slot's accumulators");
+ * piece's K and V rows once a pass, and writes its output. attn_fused_block
+ * is the kernel's body, always inlined: nvcc compiles one copy for each W,
+ * with the loops over units and heads unrolled and the accumulators in
+ * registers. A loop over heads stops at nq, a branch per head: in the SASS
+ * (docs/GPU.md), step 3's FMAs then all follow its 16-byte loads. */
+#if defined(__CUDACC__) || defined(KVT_GPU_SIZES)
+#define KVT_KL 8 /* lanes per key in step 1: 3 shuffles per key and head */
+#else
+#define KVT_KL 2 /* the C build: 1 shuffle (a barrier there, §2) per key and head */
+#endif
+#define KVT_GQA 8 /* most query heads per pass */
+#define KVT_VK 4  /* V rows a thread loads at once in step 3 */
+#define KVT_VU (KVT_MAX_HS / KVT_THREADS) /* most units per thread in step 3 (W = 1) */
+KVT_STATIC_ASSERT(32 % KVT_KL == 0, "fused attention: the lanes of a key in one warp (step 1's shuffles)");
 /* nvcc: unroll the loop that follows (its trip count is a constant once W
  * is), so that the arrays it indexes stay in registers. C ignores it. */
 #ifdef __CUDACC__
@@ -1619,19 +1626,16 @@ KVT_INLINE float kv_unit_at(float4 u, int W, int e) {
 }
 KVT_INLINE void attn_fused_block(float *out, float *part, const float *q, kvt_kv kv, int l, int NH, int split_len,
                                  int nsplit, int W) {
-    __shared__ float q_s[KVT_GQA][KVT_MAX_HS]; /* the queries, pre-scaled by 1/sqrt(HS) */
-    __shared__ float red_s[KVT_GQA][KVT_THREADS][KVT_KL + 1]; /* step 1's partial sums (+1: no bank conflicts) */
+    __shared__ float q_s[KVT_GQA][KVT_MAX_HS]; /* the pass's queries, pre-scaled by 1/sqrt(HS) */
     __shared__ float sc_s[KVT_GQA][KVT_THREADS], e_s[KVT_GQA][KVT_THREADS]; /* a tile's scores, weights */
+    __shared__ float red_s[16 * KVT_THREADS + KVT_MAX_HS]; /* the slots' sums of a head: NS * HS of them */
     __shared__ size_t k_s[KVT_THREADS], g_s[KVT_THREADS]; /* where key j's K row and its scales start */
-    int group = NH / kv.NKV, nhb = (group + KVT_GQA - 1) / KVT_GQA, b = (int)blockIdx.x / nsplit;
-    int kh = b / nhb, h0 = kh * group + b % nhb * KVT_GQA, nq = group - b % nhb * KVT_GQA; /* heads h0.. */
-    int sp = (int)blockIdx.x % nsplit, r = (int)blockIdx.y, tid = (int)threadIdx.x, HS = kv.HS, NU = HS / W;
+    int group = NH / kv.NKV, kh = (int)blockIdx.x / nsplit, sp = (int)blockIdx.x % nsplit;
+    int r = (int)blockIdx.y, tid = (int)threadIdx.x, HS = kv.HS, NU = HS / W;
     int p = kv.row_pos[r], t_begin = sp * split_len, t_end = p + 1 < t_begin + split_len ? p + 1 : t_begin + split_len;
     size_t vo = (size_t)kv.CH * kv.NKV * HS, gV = (size_t)kv.CH * kv.NKV * kv.HG; /* V row: K row + vo, scales + gV */
-    for (int i = tid; i < KVT_GQA * HS; i += KVT_THREADS) /* heads past nq: zeros, never used */
-        q_s[i / HS][i % HS] = i / HS < nq ? q[((size_t)r * NH + h0 + i / HS) * HS + i % HS] * (1.0f / sqrtf((float)HS)) : 0.0f;
     /* Fixed per thread: step 1's units (lane u: channels (u + v * KL) * W; kg:
-     * int8 scale offsets), step 4's slot and units (channels cv, scales gv). */
+     * int8 scale offsets), step 3's slot and units (channels cv, scales gv). */
     const int UK = (KVT_MAX_HS / W + KVT_KL - 1) / KVT_KL, UV = (KVT_MAX_HS / W + KVT_THREADS - 1) / KVT_THREADS;
     int u = tid % KVT_KL, kg[KVT_MAX_HS / KVT_KL], cv[KVT_VU], gv[KVT_VU];
     KVT_UNROLL for (int v = 0; v < UK; v++) kg[v] = W == 16 ? (u + v * KVT_KL) * W / kv.G : 0;
@@ -1640,101 +1644,99 @@ KVT_INLINE void attn_fused_block(float *out, float *part, const float *q, kvt_kv
         cv[v] = tid % NU + v * KVT_THREADS < NU ? (tid % NU + v * KVT_THREADS) * W : 0;
         gv[v] = W == 16 ? cv[v] / kv.G : 0;
     }
-    float m[KVT_GQA], sum[KVT_GQA], acc[KVT_GQA][KVT_VU][16] = {{{0.0f}}};
-    KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) m[h] = -INFINITY, sum[h] = 0.0f; /* the running max m and sum l */
-    for (int t0 = t_begin; t0 < t_end; t0 += KVT_THREADS) { /* same trip count in every thread */
-        int tile = t_end - t0 < KVT_THREADS ? t_end - t0 : KVT_THREADS;
-        if (tid < tile) { /* step 0 (V follows the chunk's K rows, CH * KVD further) */
-            k_s[tid] = kv_index(&kv, l, 0, kv.row_tab[r], t0 + tid, kh);
-            g_s[tid] = kv.scales ? k_s[tid] / (size_t)kv.G : 0;
-        }
-        __syncthreads(); /* the rows of the tile are in k_s, g_s (and q_s is complete) */
-        for (int k = 0; k < KVT_KL; k++) { /* step 1: key j = g + k * groups */
-            int j = tid / KVT_KL + k * (KVT_THREADS / KVT_KL);
-            float d[KVT_GQA] = {0.0f, 0.0f, 0.0f, 0.0f}, x[16], sc[KVT_MAX_HS / KVT_KL];
-            float4 xu[KVT_MAX_HS / KVT_KL];
-            KVT_UNROLL for (int v = 0; v < UK; v++) /* the loads first, back to back */
-                if (j < tile && (u + v * KVT_KL) * W < HS) {
-                    xu[v] = kv_unit_load(&kv, W, k_s[j] + (u + v * KVT_KL) * W);
-                    sc[v] = W == 16 ? kv.scales[g_s[j] + kg[v]] : 1.0f;
+    for (int h0 = kh * group; h0 < (kh + 1) * group; h0 += KVT_GQA) { /* a pass: heads h0 .. h0 + nq - 1 */
+        int nq = (kh + 1) * group - h0 < KVT_GQA ? (kh + 1) * group - h0 : KVT_GQA;
+        for (int i = tid; i < nq * HS; i += KVT_THREADS) /* (the pass before is past its last barrier) */
+            q_s[i / HS][i % HS] = q[((size_t)r * NH + h0) * HS + i] * (1.0f / sqrtf((float)HS));
+        float m[KVT_GQA], sum[KVT_GQA], acc[KVT_GQA][KVT_VU][16] = {{{0.0f}}};
+        KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) m[h] = -INFINITY, sum[h] = 0.0f; /* running max m, sum l */
+        for (int t0 = t_begin; t0 < t_end; t0 += KVT_THREADS) { /* same trip count in every thread */
+            int tile = t_end - t0 < KVT_THREADS ? t_end - t0 : KVT_THREADS;
+            if (tid < tile) { /* step 0 (V follows the chunk's K rows, CH * KVD further) */
+                k_s[tid] = kv_index(&kv, l, 0, kv.row_tab[r], t0 + tid, kh);
+                g_s[tid] = kv.scales ? k_s[tid] / (size_t)kv.G : 0;
+            }
+            __syncthreads(); /* the rows of the tile are in k_s, g_s (and q_s is complete) */
+            for (int k = 0; k < KVT_KL; k++) { /* step 1: key j = g + k * groups */
+                int j = tid / KVT_KL + k * (KVT_THREADS / KVT_KL);
+                float d[KVT_GQA] = {0.0f}, x[16], sc[KVT_MAX_HS / KVT_KL];
+                float4 xu[KVT_MAX_HS / KVT_KL];
+                KVT_UNROLL for (int v = 0; v < UK; v++) /* the loads first, back to back */
+                    if (j < tile && (u + v * KVT_KL) * W < HS) {
+                        xu[v] = kv_unit_load(&kv, W, k_s[j] + (u + v * KVT_KL) * W);
+                        sc[v] = W == 16 ? kv.scales[g_s[j] + kg[v]] : 1.0f;
+                    }
+                KVT_UNROLL for (int v = 0; v < UK; v++) {
+                    int c = (u + v * KVT_KL) * W;
+                    if (j >= tile || c >= HS) continue;
+                    KVT_UNROLL for (int e = 0; e < W; e++) x[e] = kv_unit_at(xu[v], W, e);
+                    KVT_UNROLL for (int h = 0; h < KVT_GQA && h < nq; h++) {
+                        float dh = 0.0f;
+                        KVT_UNROLL for (int e = 0; e < W; e++) dh += q_s[h][c + e] * x[e];
+                        d[h] += dh * sc[v];
+                    }
                 }
-            KVT_UNROLL for (int v = 0; v < UK; v++) {
-                int c = (u + v * KVT_KL) * W;
-                if (j >= tile || c >= HS) continue;
-                KVT_UNROLL for (int e = 0; e < W; e++) x[e] = kv_unit_at(xu[v], W, e);
-                KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) {
-                    float dh = 0.0f;
-                    KVT_UNROLL for (int e = 0; e < W && h < nq; e++) dh += q_s[h][c + e] * x[e];
-                    d[h] += dh * sc[v];
+                KVT_UNROLL for (int h = 0; h < KVT_GQA && h < nq; h++) { /* a butterfly: the key's sum in every lane */
+                    for (int o = KVT_KL / 2; o > 0; o /= 2) d[h] += __shfl_xor_sync(0xffffffffu, d[h], o);
+                    if (u == 0) sc_s[h][j] = j < tile ? d[h] : -INFINITY; /* past the tile: no weight */
                 }
             }
-            KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) red_s[h][j][u] = d[h];
+            __syncthreads(); /* all scores of the tile are in sc_s */
+            KVT_UNROLL for (int h = 0; h < KVT_GQA && h < nq; h++) { /* step 2: every thread finds the same new max */
+                float m_new = m[h];
+                for (int j = 0; j < tile; j++) m_new = fmaxf(m_new, sc_s[h][j]);
+                float corr = expf(m[h] - m_new); /* moves what was summed so far onto the new max */
+                e_s[h][tid] = tid < tile ? expf(sc_s[h][tid] - m_new) : 0.0f;
+                m[h] = m_new;
+                sum[h] *= corr;
+                KVT_UNROLL for (int v = 0; v < UV; v++)
+                    KVT_UNROLL for (int e = 0; e < W; e++) acc[h][v][e] *= corr;
+            }
+            __syncthreads(); /* all weights of the tile are in e_s */
+            KVT_UNROLL for (int h = 0; h < KVT_GQA && h < nq; h++) { /* step 3: add this tile's weights ... */
+                float tile_sum = 0.0f;
+                for (int j = 0; j < tile; j++) tile_sum += e_s[h][j];
+                sum[h] += tile_sum;
+            }
+            for (int i0 = slot; i0 < tile; i0 += KVT_VK * NS) { /* ... and values; past the tile: key i0, weight 0 */
+                float4 xu[KVT_VK][KVT_VU];
+                float sc[KVT_VK][KVT_VU], x[16];
+                KVT_UNROLL for (int k = 0; k < KVT_VK; k++) /* the loads, back to back */
+                    KVT_UNROLL for (int v = 0; v < UV; v++) {
+                        int j = i0 + k * NS < tile ? i0 + k * NS : i0;
+                        xu[k][v] = kv_unit_load(&kv, W, k_s[j] + vo + cv[v]);
+                        sc[k][v] = W == 16 ? kv.scales[g_s[j] + gV + gv[v]] : 1.0f;
+                    }
+                KVT_UNROLL for (int k = 0; k < KVT_VK; k++) /* then their FMAs */
+                    KVT_UNROLL for (int v = 0; v < UV; v++) {
+                        KVT_UNROLL for (int e = 0; e < W; e++) x[e] = kv_unit_at(xu[k][v], W, e) * sc[k][v];
+                        KVT_UNROLL for (int h = 0; h < KVT_GQA && h < nq; h++) {
+                            float wk = i0 + k * NS < tile ? e_s[h][i0 + k * NS] : 0.0f;
+                            KVT_UNROLL for (int e = 0; e < W; e++) acc[h][v][e] += wk * x[e];
+                        }
+                    }
+            }
+            __syncthreads(); /* the shared arrays are rewritten by the next tile */
         }
-        __syncthreads(); /* all partial sums of the tile are in red_s */
-        float s[KVT_GQA];
-        KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) { /* step 2: threads past the tile score -inf */
-            float a = 0.0f;
-            for (int i = 0; i < KVT_KL; i++) a += red_s[h][tid][i];
-            s[h] = sc_s[h][tid] = tid < tile ? a : -INFINITY;
-        }
-        __syncthreads(); /* all scores of the tile are in sc_s */
-        KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) { /* step 3: every thread finds the same new max */
-            float m_new = m[h];
-            for (int j = 0; j < tile && h < nq; j++) m_new = fmaxf(m_new, sc_s[h][j]);
-            float corr = expf(m[h] - m_new); /* moves what was summed so far onto the new max */
-            e_s[h][tid] = tid < tile ? expf(s[h] - m_new) : 0.0f;
-            m[h] = m_new;
-            sum[h] *= corr;
+        /* One head at a time: every slot stores its units' sums in red_s,
+         * thread c adds channel c over the slots (in a fixed order, no
+         * atomics). One piece: out = acc / l (the softmax's division,
+         * postponed to the end); several: leave (m, l, acc) for the merge. */
+        KVT_UNROLL for (int h = 0; h < KVT_GQA && h < nq; h++) { /* nq is block-wide: no thread skips a barrier */
             KVT_UNROLL for (int v = 0; v < UV; v++)
-                KVT_UNROLL for (int e = 0; e < W; e++) acc[h][v][e] *= corr;
+                KVT_UNROLL for (int e = 0; e < W; e++)
+                    if (slot < NS && tid % NU + v * KVT_THREADS < NU) red_s[slot * HS + cv[v] + e] = acc[h][v][e];
+            __syncthreads(); /* every slot's sums are in red_s */
+            float *pp = part + (((size_t)r * NH + h0 + h) * nsplit + sp) * (2 + HS);
+            if (nsplit > 1 && tid == 0) { pp[0] = m[h]; pp[1] = sum[h]; }
+            for (int c = tid; c < HS; c += KVT_THREADS) {
+                float a = 0.0f;
+                for (int i = 0; i < NS; i++) a += red_s[i * HS + c];
+                if (nsplit == 1) out[((size_t)r * NH + h0 + h) * HS + c] = a / sum[h];
+                else pp[2 + c] = a;
+            }
+            __syncthreads(); /* red_s is rewritten for the next head, q_s by the next pass */
         }
-        __syncthreads(); /* all weights of the tile are in e_s */
-        KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) { /* step 4: add this tile's weights ... */
-            float tile_sum = 0.0f;
-            for (int j = 0; j < tile && h < nq; j++) tile_sum += e_s[h][j];
-            sum[h] += tile_sum;
-        }
-        for (int i0 = slot; i0 < tile; i0 += KVT_VK * NS) { /* ... and values; past the tile: key i0, weight 0 */
-            float4 xu[KVT_VK][KVT_VU];
-            float sc[KVT_VK][KVT_VU], x[16], wk[KVT_VK][KVT_GQA];
-            KVT_UNROLL for (int k = 0; k < KVT_VK; k++) /* the weights, then the loads, back to back */
-                KVT_UNROLL for (int h = 0; h < KVT_GQA; h++)
-                    wk[k][h] = i0 + k * NS < tile && h < nq ? e_s[h][i0 + k * NS] : 0.0f;
-            KVT_UNROLL for (int k = 0; k < KVT_VK; k++)
-                KVT_UNROLL for (int v = 0; v < UV; v++) {
-                    int j = i0 + k * NS < tile ? i0 + k * NS : i0;
-                    xu[k][v] = kv_unit_load(&kv, W, k_s[j] + vo + cv[v]);
-                    sc[k][v] = W == 16 ? kv.scales[g_s[j] + gV + gv[v]] : 1.0f;
-                }
-            KVT_UNROLL for (int k = 0; k < KVT_VK; k++)
-                KVT_UNROLL for (int v = 0; v < UV; v++) {
-                    KVT_UNROLL for (int e = 0; e < W; e++) x[e] = kv_unit_at(xu[k][v], W, e) * sc[k][v];
-                    KVT_UNROLL for (int h = 0; h < KVT_GQA; h++)
-                        KVT_UNROLL for (int e = 0; e < W && h < nq; e++) acc[h][v][e] += wk[k][h] * x[e];
-                }
-        }
-        __syncthreads(); /* the shared arrays are rewritten by the next tile */
-    }
-    /* One head at a time: every slot stores its units' sums in red_s, thread
-     * c adds channel c over the slots (in a fixed order, no atomics). One
-     * piece: out = acc / l (the softmax's division, postponed to the end);
-     * several: leave (m, l, acc) for the merge kernel. */
-    float *red = &red_s[0][0][0];
-    KVT_UNROLL for (int h = 0; h < KVT_GQA; h++) {
-        if (h >= nq) break; /* the same in every thread: no barrier is skipped by some */
-        KVT_UNROLL for (int v = 0; v < UV; v++)
-            KVT_UNROLL for (int e = 0; e < W; e++)
-                if (slot < NS && tid % NU + v * KVT_THREADS < NU) red[slot * HS + cv[v] + e] = acc[h][v][e];
-        __syncthreads(); /* every slot's sums are in red */
-        float *pp = part + (((size_t)r * NH + h0 + h) * nsplit + sp) * (2 + HS);
-        if (nsplit > 1 && tid == 0) { pp[0] = m[h]; pp[1] = sum[h]; }
-        for (int c = tid; c < HS; c += KVT_THREADS) {
-            float a = 0.0f;
-            for (int i = 0; i < NS; i++) a += red[i * HS + c];
-            if (nsplit == 1) out[((size_t)r * NH + h0 + h) * HS + c] = a / sum[h];
-            else pp[2 + c] = a;
-        }
-        __syncthreads(); /* red is rewritten for the next head */
     }
 }
 /* One kernel per way of reading the cache: 16-byte units of fp32, fp16,
@@ -1767,7 +1769,7 @@ __global__ void attn_merge_kernel(float *out, const float *part, int NH, int HS,
 static void attention_fused_gpu(float *out, const float *q, kvt_kv kv, int l, int n, int NH,
                                 float *part, int split_len, int nsplit) {
     int W = kv.dtype == KVT_FP32 ? 4 : kv.dtype == KVT_FP16 ? 8 : kv.dtype == KVT_INT8 && kv.G % 16 == 0 ? 16 : 1;
-    int gx = kv.NKV * kvt_cdiv(NH / kv.NKV, KVT_GQA) * nsplit;
+    int gx = kv.NKV * nsplit;
     if (kv.HS % W || (uintptr_t)kv.data % 16) W = 1;
     if (W == 4) KVT_LAUNCH(attn_fused_fp32_kernel, gx, n, KVT_THREADS, out, part, q, kv, l, NH, split_len, nsplit);
     else if (W == 8) KVT_LAUNCH(attn_fused_fp16_kernel, gx, n, KVT_THREADS, out, part, q, kv, l, NH, split_len, nsplit);
@@ -1839,11 +1841,11 @@ static const kvt_ops kvt_cpu_ops = {embed_cpu, rmsnorm_cpu, matmul_cpu, rope_cpu
 static const kvt_ops kvt_gpu_ops = {embed_gpu, rmsnorm_gpu, matmul_gpu, rope_gpu, kv_write_gpu,
                                     attention_naive_gpu, attention_fused_gpu, swiglu_gpu, residual_gpu};
 
-/* GPU automatic split: one block per (row, head, piece) of the fused attention
- * (§12). Decode has few rows (NH x 1 = 32 blocks for one 7B sequence on 132
- * SMs: three quarters of the GPU idle), so cut the positions into as many
- * pieces as give KVT_SPLIT_BLOCKS_PER_SM blocks per SM, but none shorter than a
- * tile of KVT_THREADS keys. A batch of 16 rows fills the GPU unsplit. */
+/* GPU automatic split: one block per (row, kv head, piece) of the fused
+ * attention (§12). Decode has few rows (NKV x 1 = 32 blocks for one 7B sequence
+ * on 132 SMs: three quarters of the GPU idle), so cut the positions into as
+ * many pieces as give KVT_SPLIT_BLOCKS_PER_SM blocks per SM, but none shorter
+ * than a tile of KVT_THREADS keys. 16 rows of a 7B fill the GPU unsplit. */
 #define KVT_SPLIT_BLOCKS_PER_SM 2
 /* CPU automatic split: a call of at most KVT_CPU_SPLIT_ROWS rows (decode, a small
  * batch) cuts each row's positions into pieces of KVT_CPU_SPLIT, so that one
@@ -2020,8 +2022,8 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
     size_t R = (size_t)e->rows, cpu_parts = (size_t)KVT_CPU_SPLIT_ROWS * (size_t)kvt_cdiv(TMAX, KVT_CPU_SPLIT);
     e->sms = e->gpu ? kvt_gpu_sms() : 0;
     if (o->split_len > 0) kvt_mul_ok(R, (size_t)kvt_cdiv(TMAX, o->split_len), &e->part_cap);
-    else if (e->gpu) /* n rows x ceil(B / (NH n)) pieces <= B / NH + n, with B the blocks wanted */
-        e->part_cap = R + (size_t)kvt_cdiv(KVT_SPLIT_BLOCKS_PER_SM * e->sms, c->n_heads);
+    else if (e->gpu) /* n rows x ceil(B / (NKV n)) pieces <= B / NKV + n, with B the blocks wanted */
+        e->part_cap = R + (size_t)kvt_cdiv(KVT_SPLIT_BLOCKS_PER_SM * e->sms, c->n_kv_heads);
     else e->part_cap = R > cpu_parts ? R : cpu_parts;
     /* Every size first, in size_t with overflow checks; then one check that they
      * fit in memory; only then the allocations. The scratch table's shapes are
@@ -2153,7 +2155,7 @@ static void attn_split(const kvt_engine *e, int max_pos, int n_rows, int *split_
     if (len == 0 && !e->gpu) /* CPU: work items are (block of rows, piece); a few rows need pieces to fill the cores */
         len = n_rows <= KVT_CPU_SPLIT_ROWS && T > KVT_CPU_SPLIT ? KVT_CPU_SPLIT : T;
     if (len == 0) { /* GPU: KVT_SPLIT_BLOCKS_PER_SM blocks per SM, pieces of at least a tile */
-        int want = kvt_cdiv(KVT_SPLIT_BLOCKS_PER_SM * e->sms, e->m->c.n_heads * n_rows), most = kvt_cdiv(T, KVT_THREADS);
+        int want = kvt_cdiv(KVT_SPLIT_BLOCKS_PER_SM * e->sms, e->m->c.n_kv_heads * n_rows), most = kvt_cdiv(T, KVT_THREADS);
         len = kvt_cdiv(T, want < most ? want : most);
     }
     if (len < 0 || len > T) len = T;

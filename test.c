@@ -569,9 +569,13 @@ static void test_attention(int gpu) {
         {4, 1, 128, 16, 512, 300, 1, KVT_FP32, 128},
         {8, 2, 128, 32, 512, 333, 2, KVT_FP16, 128},
         {4, 1, 128, 16, 512, 301, 1, KVT_INT8, 32},
-        /* groups of 8 and 6 query heads: two blocks per kv head, the second one full or not */
+        /* groups of 8 and 6 query heads: one pass of a block serves them all, over 300+ keys
+         * (10 tiles of 32, 3 of 128); a group of 12: two passes, of 8 and 4 heads */
         {8, 1, 32, 8, 64, 40, 2, KVT_FP32, 32},
         {6, 1, 32, 8, 64, 45, 2, KVT_FP16, 16},
+        {8, 1, 128, 16, 512, 320, 1, KVT_FP32, 128},
+        {12, 2, 128, 32, 512, 310, 2, KVT_INT8, 32},
+        {12, 1, 64, 16, 512, 300, 1, KVT_FP16, 64},
         /* head size 256 (more 16-byte units than a 32-thread block has threads); head size
          * 6 (no whole 16-byte unit: one value at a time) */
         {2, 2, 256, 8, 64, 20, 1, KVT_FP32, 256},
@@ -866,10 +870,13 @@ static kvt_config cfg(int D, int L, int NH, int NKV, int HD, int V, int TMAX) {
  * each output to one thread, which computes it in a fixed order. A prefill of
  * 40 rows (sgemm, blocks of rows), then decode steps (tile loop, split pieces),
  * on 1 and on 2 threads. */
-/* The GPU's automatic split (attn_split): enough blocks (NH x rows x pieces)
- * for 2 per SM, pieces no shorter than a tile, and never more (row, piece)
- * pairs than the engine's part buffer holds. The cases are worked by hand for
- * an H200 (132 SMs) and a 7B model (32 heads). */
+/* The GPU's automatic split (attn_split): enough blocks (NKV x rows x pieces:
+ * a block serves all query heads of its kv head) for 2 per SM, pieces no
+ * shorter than a tile, and never more (row, piece) pairs than the engine's
+ * part buffer holds. The cases are worked by hand for an H200 (132 SMs: 264
+ * blocks wanted), a 7B model (32 heads, 32 kv heads) and a Llama 3 8B (32
+ * heads, 8 kv heads): pieces = min(ceil(264 / (NKV rows)), ceil(T / tile)),
+ * split_len = ceil(T / pieces), then ceil(T / split_len) pieces. */
 static void test_gpu_split_rule(void) {
     kvt_model m;
     kvt_engine e;
@@ -879,25 +886,31 @@ static void test_gpu_split_rule(void) {
     e.m = &m;
     e.gpu = 1;
     e.sms = 132;
-    struct { int T, rows, len, nsplit; const char *why; } cases[] = {
-        /* 264 blocks wanted: ceil(264 / 32) = 9 pieces of ceil(4096 / 9) = 456 */
-        {4096, 1, 456, 9, "one 7B sequence at 4096: 9 pieces, 288 blocks >= 2 x 132"},
-        {4096, 4, 1366, 3, "4 rows: ceil(264 / 128) = 3 pieces"},
-        {4096, 16, 4096, 1, "16 rows: 512 blocks unsplit"},
-        {1, 1, 1, 1, "one position: nothing to split"},
+    struct { int NKV, T, rows, len, nsplit; const char *why; } cases[] = {
+        /* 264 blocks wanted: ceil(264 / 32) = 9 pieces of ceil(4096 / 9) = 456 (8 x 456 = 3648 < 4096) */
+        {32, 4096, 1, 456, 9, "one 7B sequence at 4096: 9 pieces, 288 blocks >= 2 x 132"},
+        {32, 4096, 4, 1366, 3, "7B, 4 rows: ceil(264 / 128) = 3 pieces of ceil(4096 / 3) = 1366"},
+        {32, 4096, 16, 4096, 1, "7B, 16 rows: ceil(264 / 512) = 1, 512 blocks unsplit"},
+        {32, 1, 1, 1, 1, "one position: nothing to split"},
+        /* GQA: blocks per kv head (counted per query head, one 8B sequence would get 9 pieces, 72 blocks) */
+        {8, 8192, 1, 249, 33, "one Llama 3 8B sequence at 8192: ceil(264 / 8) = 33 pieces of ceil(8192 / 33) = 249 "
+                              "(32 x 249 = 7968 < 8192), 264 blocks"},
+        {8, 4096, 4, 456, 9, "Llama 3 8B, 4 rows at 4096: ceil(264 / 32) = 9 pieces of 456, 288 blocks"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         int len, ns;
+        m.c.n_kv_heads = cases[i].NKV;
         attn_split(&e, cases[i].T - 1, cases[i].rows, &len, &ns);
         expect(len == cases[i].len && ns == cases[i].nsplit, "GPU split rule, %s: split_len %d (want %d), %d pieces "
                "(want %d)", cases[i].why, len, cases[i].len, ns, cases[i].nsplit);
     }
     /* short contexts: no piece shorter than a tile of KVT_THREADS keys */
     int len, ns, T = 3 * KVT_THREADS;
+    m.c.n_kv_heads = 32; /* 9 pieces wanted, 3 tiles */
     attn_split(&e, T - 1, 1, &len, &ns);
     expect(ns == 3 && len == KVT_THREADS, "GPU split rule, 1 row at 3 tiles (%d positions): 3 pieces of a tile "
            "(got %d of %d)", T, ns, len);
-    /* a real (emulated) engine: every call fits its part buffer */
+    /* a real (emulated) engine, 4 heads sharing 1 kv head (the most pieces): every call fits its part buffer */
     if (!kvt_gpu_available()) { skip("GPU split rule on an engine: no GPU"); return; }
     kvt_model rm;
     kvt_engine *re;
@@ -905,7 +918,7 @@ static void test_gpu_split_rule(void) {
     kvt_options_default(&o);
     o.device = KVT_GPU;
     o.max_rows = 8;
-    KVT_ASSERT(kvt_model_random(&rm, cfg(64, 1, 2, 2, 64, 50, 300), 1) == KVT_OK);
+    KVT_ASSERT(kvt_model_random(&rm, cfg(64, 1, 4, 1, 64, 50, 300), 1) == KVT_OK);
     KVT_ASSERT(kvt_engine_create(&re, &rm, &o) == KVT_OK);
     int worst = 0, bad = 0;
     for (int n = 1; n <= o.max_rows; n++)
