@@ -600,6 +600,9 @@ static void test_attention(int gpu) {
         for (int impl = 0; impl < 2; impl++)
             for (int si = 0; si < (impl ? 3 : 1); si++) {
                 if (!gpu && impl == 0) continue;
+#ifdef KVT_GPU_SIZES /* emulated at the GPU's sizes, each of the K pass's shuffles is a barrier of 128 threads (§2): */
+                if (gpu && si == 1 && c->n >= 16) continue; /* a long prefill's pieces are checked by split 7 */
+#endif
                 attn_run(c, gpu, impl, splits[si], got, NULL, NULL);
                 snprintf(what, sizeof(what), "attention %s%s %s vs float64 (%s)", impl ? "fused" : "naive",
                          impl ? (splits[si] ? " split" : " unsplit") : "", gpu ? "gpu" : "cpu", cfg);
