@@ -2225,6 +2225,21 @@ static void test_hf_export(void) {
     free(json);
 }
 
+/* Run a Python checker: its FAIL lines and tracebacks are shown, its last
+ * other line is kept in last (the summary); the exit status is returned. */
+static int run_py_check(const char *cmd, char *last, size_t cap) {
+    char line[1024];
+    snprintf(last, cap, "(no output)");
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    while (fgets(line, sizeof(line), p)) {
+        if (!strncmp(line, "PASS ", 5)) continue;
+        line[strcspn(line, "\n")] = '\0';
+        if (line[0]) snprintf(last, cap, "%s", line);
+        if (strncmp(line, "FAIL ", 5) == 0 || contains(line, "Traceback")) printf("    %s\n", line);
+    }
+    return pclose(p);
+}
 /* weights/check_export_hf.py: the exporter's refusals (bad outputs, kvt's
  * limits, malformed or self-contradicting folders) are one line each and
  * leave nothing behind; it builds its own folder, exports it and runs kvt on
@@ -2236,20 +2251,10 @@ static void test_hf_export_refusals(void) {
     }
     FILE *k = fopen(kvt_bin, "rb");
     if (k) fclose(k);
-    char cmd[1024], line[1024], last[1024] = "(no output)";
+    char cmd[1024], last[1024];
     snprintf(cmd, sizeof(cmd), "python3 weights/check_export_hf.py %s%s%s 2>&1", k ? "'" : "", k ? kvt_bin : "",
              k ? "'" : "");
-    FILE *p = popen(cmd, "r");
-    int rc = -1;
-    if (p) {
-        while (fgets(line, sizeof(line), p)) {
-            if (!strncmp(line, "PASS ", 5)) continue;
-            line[strcspn(line, "\n")] = '\0';
-            if (line[0]) snprintf(last, sizeof(last), "%s", line);
-            if (strncmp(line, "FAIL ", 5) == 0 || contains(line, "Traceback")) printf("    %s\n", line);
-        }
-        rc = pclose(p);
-    }
+    int rc = run_py_check(cmd, last, sizeof(last));
     expect(rc == 0, "weights/check_export_hf.py %s: the exporter refuses bad input with one line, all or nothing "
            "(%s)", k ? kvt_bin : "(no kvt binary: export checks only)", last);
 }
@@ -2264,18 +2269,8 @@ static void test_gguf_export(void) {
         skip("weights/check_export_gguf.py (needs python3)");
         return;
     }
-    char line[1024], last[1024] = "(no output)";
-    FILE *p = popen("python3 weights/check_export_gguf.py 2>&1", "r");
-    int rc = -1;
-    if (p) {
-        while (fgets(line, sizeof(line), p)) {
-            if (!strncmp(line, "PASS ", 5)) continue;
-            line[strcspn(line, "\n")] = '\0';
-            if (line[0]) snprintf(last, sizeof(last), "%s", line);
-            if (strncmp(line, "FAIL ", 5) == 0 || contains(line, "Traceback")) printf("    %s\n", line);
-        }
-        rc = pclose(p);
-    }
+    char last[1024];
+    int rc = run_py_check("python3 weights/check_export_gguf.py 2>&1", last, sizeof(last));
     expect(rc == 0, "weights/check_export_gguf.py: GGUF dequantization, the checkpoint and tokenizer bytes, refusals "
            "with one line, all or nothing (%s)", last);
 }
