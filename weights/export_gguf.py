@@ -617,14 +617,8 @@ def main(argv):
     t0 = time.time()
     try:
         cfg, V, shared, tok_summary = export(src, model_out, tok_out)
-    except Refused as e:
-        message = str(e)
-    except OSError as e:  # an input that cannot be read (permissions, I/O error)
-        message = f"{e.filename or src}: {e.strerror or e}"
-    except MemoryError:
-        message = f"{src}: out of memory"
-    except Exception as e:  # a check this file lacks: still one line, never a traceback
-        message = f"{src}: {type(e).__name__}: {e} (unexpected: please report this input)"
+    except Exception as e:  # one line, never a traceback (kvt_files.refusal)
+        message = kf.refusal(e, src)
     else:
         theta = cfg["theta"]
         rope = "10000 (legacy header)" if kf.float32(theta) == kf.LEGACY_THETA else f"{theta:g} (rope extension)"

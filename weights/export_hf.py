@@ -696,14 +696,8 @@ def main(argv):
     directory, model_out, tok_out = argv[1:]
     try:
         cfg, shared, tok_summary = export(directory, model_out, tok_out)
-    except Refused as e:
-        message = str(e)
-    except OSError as e:  # an input that cannot be read (permissions, I/O error)
-        message = f"{e.filename or directory}: {e.strerror or e}"
-    except MemoryError:
-        message = f"{directory}: out of memory"
-    except Exception as e:  # a check this file lacks: still one line, never a traceback
-        message = f"{directory}: {type(e).__name__}: {e} (unexpected: please report this input)"
+    except Exception as e:  # one line, never a traceback (kvt_files.refusal)
+        message = kf.refusal(e, directory)
     else:
         rope = "10000" if kf.float32(cfg["theta"]) == kf.LEGACY_THETA else f"{cfg['theta']:g} (rope extension)"
         print(f"export_hf.py: {model_out}: dim {cfg['dim']}, layers {cfg['n_layers']}, heads {cfg['n_heads']} "

@@ -298,3 +298,16 @@ def write_outputs(model_out, tok_out, tok_bytes, write_model):
         for tmp in temps:
             if os.path.lexists(tmp):
                 os.unlink(tmp)
+
+
+def refusal(exc, src):
+    """The one line an exporter prints for an exception raised while it
+    exported src: a refusal as it is, an unreadable input, memory, or a check
+    the exporter lacks (still one line, never a traceback)."""
+    if isinstance(exc, Refused):
+        return str(exc)
+    if isinstance(exc, OSError):  # an input that cannot be read (permissions, I/O error)
+        return f"{exc.filename or src}: {exc.strerror or exc}"
+    if isinstance(exc, MemoryError):
+        return f"{src}: out of memory"
+    return f"{src}: {type(exc).__name__}: {exc} (unexpected: please report this input)"
