@@ -2480,6 +2480,25 @@ static void test_outputs(void) {
     cli_expect("--trace @T/y --dump-logits @T/y -n 3", 0, "--dump-logits '@T/y' and --trace '@T/y' are the same file");
     expect(access(tmp_file("x"), F_OK) != 0 && access(tmp_file("y"), F_OK) != 0, "refused outputs were not created");
     cli_expect("--dump-logits /dev/null --dump-tokens /dev/null -n 2", 1, ""); /* a device: nothing to clobber */
+    /* 3. stdin and stdout are files too: `< t` is an input, `> t` and `>> t` an output, the input unchanged */
+    write_text(tmp_file("t"), "ROMEO:\nJULIET:\n", 15);
+    write_text(tmp_file("t.orig"), "ROMEO:\nJULIET:\n", 15);
+    const char *std_same[][2] = {
+        {"--chat -n 4 --dump-tokens @T/t < @T/t", "--dump-tokens '@T/t' is the same file as the input stdin"},
+        {"--chat -n 4 --dump-logits @T/./t < @T/t", "--dump-logits '@T/./t' is the same file as the input stdin"},
+        {"--chat -n 4 --dump-attn @T/t < @T/t", "--dump-attn '@T/t' is the same file as the input stdin"},
+        {"--chat -n 4 --trace @T/t < @T/t", "--trace '@T/t' is the same file as the input stdin"},
+        {"--prompts /dev/stdin --dump-tokens @T/t < @T/t", "is the same file as the input stdin"},
+        {"--chat -n 4 2>&1 >> @T/t < @T/t; exit $?", "stdout (redirected with > or >>) is the same file as the input stdin"},
+        {"-n 2 -m @T/m.bin 2>&1 >> @T/m.bin; exit $?", "stdout (redirected with > or >>) is the same file as the input -m"},
+    };
+    for (size_t i = 0; i < sizeof(std_same) / sizeof(std_same[0]); i++) cli_expect(std_same[i][0], 0, std_same[i][1]);
+    expect(file_is(tmp_file("m.bin"), "weights/model.bin") && file_is(tmp_file("t"), tmp_file("t.orig")),
+           "an output on stdin's or stdout's file left the input as it was");
+    cli_expect("-n 30 --dump-tokens @T/o.txt 2>&1 > @T/o.txt; exit $?", 0,
+               "--dump-tokens '@T/o.txt' and stdout (redirected with > or >>) are the same file");
+    cli_expect("-n 3 --dump-tokens @T/o2.txt < @T/t > @T/o3.txt", 1, ""); /* different files: fine */
+    cli_expect("-n 3 --dump-tokens @T/o2.txt < /dev/null | cat", 1, "");   /* a device, a pipe: exempt */
     /* 4. a write that fails is an error naming the file and the reason */
     cli_expect("--trace /dev/full -n 3", 0, "--trace: writing '/dev/full' failed: No space left on device");
     cli_expect("--trace /dev/full -n 3 --fork 2", 0, "--trace: writing '/dev/full' failed: No space left on device");

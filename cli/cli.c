@@ -420,36 +420,54 @@ static int cli_file_id_of(const char *path, cli_file_id *id) {
     snprintf(id->name, sizeof(id->name), "%s", slash ? slash + 1 : path);
     return 1;
 }
+/* The same for stdin and stdout: a redirect to a regular file is that file
+ * (`< t`, `>> t`); a terminal or a pipe is nothing to clobber (2), a closed
+ * descriptor nothing at all (0). */
+static int cli_file_id_of_fd(int fd, cli_file_id *id) {
+    struct stat sb;
+    memset(id, 0, sizeof(*id));
+    if (fstat(fd, &sb) != 0) return 0;
+    id->dev = sb.st_dev;
+    id->ino = sb.st_ino;
+    return S_ISREG(sb.st_mode) ? 1 : 2;
+}
 
 /* No output may overwrite an input, and no two outputs may share a file (the
- * run would garble both, or destroy the checkpoint it reads). Checked before
+ * run would garble both, or destroy the checkpoint it reads). stdin counts as
+ * an input and stdout as an output whenever they are regular files, read or
+ * not: `--dump-tokens t < t` would empty t before a chat could read it, and
+ * `--dump-tokens o > o` interleaves two streams in one file. Checked before
  * anything is opened for writing. Returns 1 when the paths are fine. */
 /* (A named type: nvcc's C++ front end rejects the size of an array of an
  * unnamed local struct in a constant expression, as NF below.) */
 typedef struct { const char *flag, *path; int output; } cli_path;
 static int cli_check_files(const kvt_cli *a) {
     cli_path f[] = {
-        {"-m", a->random ? NULL : a->model, 0},  {"-z", a->random ? NULL : a->tokenizer, 0},
+        {"stdin", "(redirected with <)", 0},     {"-m", a->random ? NULL : a->model, 0},  {"-z", a->random ? NULL : a->tokenizer, 0},
         {"--prompts", a->prompts, 0},            {"--ppl", a->ppl, 0},
         {"--dump-logits", a->dump_logits, 1},    {"--dump-tokens", a->dump_tokens, 1},
         {"--trace", a->trace && a->trace[0] ? a->trace : NULL, 1}, {"--csv", a->csv, 1},
-        {"--dump-attn", a->dump_attn, 1},
+        {"--dump-attn", a->dump_attn, 1},        {"stdout", "(redirected with > or >>)", 1},
     };
     enum { NF = sizeof(f) / sizeof(f[0]) };
     cli_file_id id[NF];
     int kind[NF];
-    for (int i = 0; i < NF; i++) kind[i] = f[i].path ? cli_file_id_of(f[i].path, &id[i]) : 0;
+    for (int i = 0; i < NF; i++) {
+        int fd = !strcmp(f[i].flag, "stdin") ? 0 : !strcmp(f[i].flag, "stdout") ? 1 : -1;
+        kind[i] = fd >= 0 ? cli_file_id_of_fd(fd, &id[i]) : f[i].path ? cli_file_id_of(f[i].path, &id[i]) : 0;
+    }
     for (int j = 0; j < NF; j++) { /* each output against every file before it */
         if (!f[j].output || kind[j] != 1) continue;
         for (int i = 0; i < j; i++) {
             if (kind[i] != 1 || id[i].dev != id[j].dev || id[i].ino != id[j].ino || strcmp(id[i].name, id[j].name))
                 continue;
+            char ni[4200], nj[4200]; /* "-m 'x.bin'", or "stdin (redirected with <)" */
+            snprintf(ni, sizeof(ni), f[i].flag[0] != '-' ? "%s %s" : "%s '%s'", f[i].flag, f[i].path);
+            snprintf(nj, sizeof(nj), f[j].flag[0] != '-' ? "%s %s" : "%s '%s'", f[j].flag, f[j].path);
             if (f[i].output)
-                kvt_fail(KVT_EARG, "%s '%s' and %s '%s' are the same file: give each output a file of its own",
-                         f[i].flag, f[i].path, f[j].flag, f[j].path);
+                kvt_fail(KVT_EARG, "%s and %s are the same file: give each output a file of its own", ni, nj);
             else
-                kvt_fail(KVT_EARG, "%s '%s' is the same file as the input %s '%s': refusing to overwrite an input",
-                         f[j].flag, f[j].path, f[i].flag, f[i].path);
+                kvt_fail(KVT_EARG, "%s is the same file as the input %s: refusing to overwrite an input", nj, ni);
             return 0;
         }
     }
