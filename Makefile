@@ -130,9 +130,9 @@ ifneq ($(HAVE_BLAS),yes)
 	fi
 endif
 
-# kvtransformer.cu includes cli/*.c (the end of §4 and of §15, §16-§18, §20), cpu/*.c (§9, §10)
+# kvtransformer.cu includes cli/*.c (the end of §4 and of §15, §16-§18, §20), cpu/*.c (§9, §10), gpu/*.cu (§12)
 # and bench/bench.c (§19): one program.
-SRCS = kvtransformer.cu kvtransformer.h bench/bench.c $(wildcard cli/*.c) $(wildcard cli/*.h) $(wildcard cpu/*.c)
+SRCS = kvtransformer.cu kvtransformer.h bench/bench.c $(wildcard cli/*.c) $(wildcard cli/*.h) $(wildcard cpu/*.c) $(wildcard gpu/*.cu)
 
 kvt: $(SRCS) Makefile
 	$(COMPILE) kvtransformer.cu -o $@ $(LIBS) $(LINKX)

@@ -2044,7 +2044,7 @@ static void test_dump_logits(void) {
  * lines, at least a quarter of them comment lines. A comment line is one
  * inside a block comment, or one whose first non-blank characters open a
  * comment; a line of code with a comment after it counts as code. The tuned
- * CPU loops and the harness live in cpu/, cli/ and bench/ (README, Reading
+ * CPU and GPU loops and the harness live in cpu/, gpu/, cli/ and bench/ (README, Reading
  * order), so growth here is a choice to look at, not an accident. */
 static void count_comment_lines(const char *text, int *lines, int *comments) {
     int in_block = 0;
