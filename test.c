@@ -2376,6 +2376,19 @@ static void test_hardening(void) {
         cli_expect("--prompts @T/prompts.txt -n 1", 0, "line 3: the text is");
         write_text(tmp_file("prompts.txt"), "ROMEO:\nJU\0LIET:\n", 15);
         cli_expect("--prompts @T/prompts.txt -n 1", 0, "line 2: a NUL byte");
+        /* line ends: CRLF is one end of line; a lone CR is part of the line (no piece for
+         * byte 0x0d in this vocabulary: refused, where cutting the line there ran "ROMEO: hi") */
+        write_text(tmp_file("prompts.txt"), "ROMEO: hi\r\n", 11);
+        write_text(tmp_file("prompts_lf.txt"), "ROMEO: hi\n", 10);
+        char crlf[4096], lf[4096];
+        int rc_crlf = cli_run("--prompts @T/prompts.txt -n 3 -t 0", crlf, sizeof(crlf));
+        int rc_lf = cli_run("--prompts @T/prompts_lf.txt -n 3 -t 0", lf, sizeof(lf));
+        expect(rc_crlf == 0 && rc_lf == 0 && !strcmp(crlf, lf) && contains(lf, "ROMEO: hi"),
+               "--prompts: a CRLF line = the same line with LF");
+        write_text(tmp_file("prompts.txt"), "ROMEO: hi\rthere\n", 16);
+        cli_expect("--prompts @T/prompts.txt -n 1", 0, "line 1: text: character");
+        cli_expect("--chat -n 1 < @T/prompts.txt", 0, "byte 0x0d at offset 9");
+        cli_expect("--chat -n 2 -t 0 < @T/prompts_lf.txt", 1, "");
         write_text(tmp_file("prompts.txt"), "ROMEO:\n\nJULIET:\n", 16);
         cli_expect("--prompts @T/prompts.txt -n 2 -t 0", 1, "--- sequence 1 (seed 43) ---\nJULIET:");
         FILE *f = fopen(tmp_file("prompts.txt"), "wb");
@@ -2388,6 +2401,19 @@ static void test_hardening(void) {
     /* 12. defaults fitted to small models: no complaint about flags never given */
     cli_expect("--random 32,1,2,2,64,50,4 -n 1 -t 0", 1, "1 ");
     cli_expect("--random 32,1,2,2,64,50,1 -n 0", 1, "1 ");
+    /* 12b. a thread count no machine could run (a stack each: 100,000 overflowed in the
+     * first parallel loop) is refused up front; a few more than the cores still run */
+    {
+        const char *old = getenv("OMP_NUM_THREADS");
+        char keep[64];
+        snprintf(keep, sizeof(keep), "%s", old ? old : "");
+        setenv("OMP_NUM_THREADS", "100000", 1);
+        cli_expect("-n 2", 0, "OMP_NUM_THREADS asks for 100000 threads: at most 8 a core");
+        setenv("OMP_NUM_THREADS", "3", 1);
+        cli_expect("--random 32,1,2,2,64,50,16 -n 2 -t 0", 1, "");
+        if (old) setenv("OMP_NUM_THREADS", keep, 1);
+        else unsetenv("OMP_NUM_THREADS");
+    }
     /* 13. messages that say what is wrong */
     cli_expect("-m /tmp", 0, "cannot read checkpoint '/tmp': it is a directory");
     cli_expect("-m /nonexistent/x.bin", 0, "No such file or directory");
@@ -3241,7 +3267,8 @@ static void write_byte_level_tokenizer(const char *p, bl_opts o) {
     fwrite(o.magic, 1, strlen(o.magic), f);
     int head[4] = {o.pre, o.bos, o.eos, o.n_merges};
     fwrite(head, 4, (size_t)o.header_ints, f);
-    for (int k = 0; k < BL_MERGES + o.repeat_first && o.header_ints == 4; k++) {
+    int n_pairs = o.n_merges == 0 ? 0 : BL_MERGES + o.repeat_first; /* n_merges 0: an empty table */
+    for (int k = 0; k < n_pairs && o.header_ints == 4; k++) {
         int pair[2] = {-1, -1}, m = k % BL_MERGES;
         for (int i = 0; i < BL_V; i++) {
             if (!strcmp(vocab[i], bl_merge_text[m][0]) && pair[0] < 0) pair[0] = i;
@@ -3432,6 +3459,19 @@ static void test_byte_level(void) {
     int abc_r[] = {261};
     expect_ids(&tk, "a pair listed twice merges at its later rank: 'abc' -> abc", "abc", 1, abc_r, 1);
     kvt_tokenizer_free(&tk);
+
+    /* no merges at all (an exporter may write an empty table): bytes only */
+    bl_opts z = bl_default(KVT_PRE_SMOLLM);
+    z.n_merges = 0;
+    write_byte_level_tokenizer(p, z);
+    st = kvt_tokenizer_load(&tk, p, BL_V);
+    expect(st == KVT_OK && tk.n_merges == 0, "byte-level tokenizer with 0 merges loads (%s)",
+           st == KVT_OK ? "ok" : kvt_last_error());
+    if (st == KVT_OK) {
+        int bytes_abc[] = {100, 101, 102, 35, 100}; /* a b c Ġ a: the pieces of the bytes, 3 + byte */
+        expect_ids(&tk, "0 merges: 'abc a' -> a b c Ġ a (bytes only)", "abc a", 1, bytes_abc, 5);
+        kvt_tokenizer_free(&tk);
+    }
 
     /* a 1 MB one-chunk word and 1 MB of words: O(n log n), a hang guard and not a benchmark */
     write_byte_level_tokenizer(p, bl_default(KVT_PRE_SMOLLM));

@@ -46,6 +46,7 @@ static kvt_status kvt_read_file(const char *path, const char *what, char **text,
  *   --chat             a conversation: turns from stdin, one sequence (run_chat);
  *   otherwise          one sequence, printed as it is generated (run_single),
  *                      with --check running a CPU engine beside it. */
+#define KVT_THREADS_PER_CORE 8 /* OMP_NUM_THREADS above this many a core is refused */
 static void usage(FILE *f) {
     /* Which binary this is: make debug's -O0 build (./kvt-debug, for gdb) runs
      * 10-20x slower, so make test checks that it is testing an optimized one.
@@ -114,7 +115,9 @@ static void usage(FILE *f) {
         "  --bench-batch B         --bench context: sequences decoded together (default 1)\n"
         "  --bench-every N         --bench positions: step between positions (default 64, less for TMAX < 68)\n"
         "  --csv FILE              --bench: also write the table as CSV\n"
-        "  -h, --help              this text\n");
+        "  -h, --help              this text\n"
+        "environment: OMP_NUM_THREADS sets the CPU threads (default one a core); more than %d a core is\n"
+        "refused (each thread takes a stack: a team of 100,000 overflows it)\n", KVT_THREADS_PER_CORE);
 }
 
 /* Parse an int/float flag value with its allowed range; 0 on error (message set). */
@@ -1092,6 +1095,13 @@ static void chat_turn_stats(const kvt_engine *e, const kvt_chat *c, int turn, in
     }
 }
 
+/* A line as getline read it (len bytes): its "\n" and then one "\r" before it
+ * (a CRLF file) come off; a CR anywhere else is part of the line. */
+static void line_end(char *s, size_t len) {
+    if (len > 0 && s[len - 1] == '\n') s[--len] = '\0';
+    if (len > 0 && s[len - 1] == '\r') s[--len] = '\0';
+}
+
 /* The conversation: read a turn, append it, prefill it, sample the reply into
  * the transcript until the end marker, -n tokens or the context, feed the
  * reply's last token (so the cache holds the whole transcript when the next
@@ -1168,7 +1178,7 @@ static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cl
                 break; /* the end of the input: the conversation is over */
             }
             if ((size_t)got != strlen(line)) { st = kvt_fail(KVT_EARG, "--chat: turn %d: a NUL byte", turn + 1); break; }
-            line[strcspn(line, "\r\n")] = '\0';
+            line_end(line, (size_t)got);
             if (!line[0]) continue; /* an empty line is no turn */
             text = line;
         }
@@ -1287,7 +1297,7 @@ static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int
             bad = 1;
             break;
         }
-        text[strcspn(text, "\r\n")] = '\0';
+        line_end(text, (size_t)got);
         if (!text[0]) continue;
         if (n == KVT_MAX_SEQS) {
             kvt_fail(KVT_EARG, "--prompts '%s' line %ld: more than %d prompts (one batch holds at most %d sequences)",
@@ -1332,6 +1342,15 @@ static int cli_main(int argc, char **argv);
 int main(int argc, char **argv) {
     if (fcntl(STDOUT_FILENO, F_GETFD) == -1) {
         fprintf(stderr, "kvt: standard output is closed: %s\n", strerror(errno));
+        return 1;
+    }
+    /* A thread team is made once, at the first parallel loop, and each
+     * thread needs a stack: refuse a count no machine could run. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    if ((long)omp_get_max_threads() > KVT_THREADS_PER_CORE * cores) {
+        fprintf(stderr, "kvt: OMP_NUM_THREADS asks for %d threads: at most %d a core (%ld cores here: %ld)\n",
+                omp_get_max_threads(), KVT_THREADS_PER_CORE, cores, KVT_THREADS_PER_CORE * cores);
         return 1;
     }
     int rc = cli_main(argc, argv), bad = ferror(stdout);

@@ -80,6 +80,7 @@ static int merge_pair_cmp(const void *a, const void *b) { /* by (left, right) on
 }
 /* The merge of the adjacent pieces a, b, or NULL when they do not merge. */
 static const struct kvt_merge *merge_lookup(const kvt_tokenizer *t, int a, int b) {
+    if (t->n_merges == 0) return NULL; /* bytes only (t->merges is NULL: no bsearch on it) */
     struct kvt_merge key = {a, b, 0, 0};
     return (const struct kvt_merge *)bsearch(&key, t->merges, (size_t)t->n_merges, sizeof(key), merge_pair_cmp);
 }
