@@ -431,6 +431,11 @@ static void buf_download(int gpu, void *dst, const void *src, size_t bytes) {
     if (gpu) KVT_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     else if (bytes) memcpy(dst, src, bytes);
 }
+/* Within one buffer's device (a chunk copied on write, rows gathered). */
+static void buf_copy(int gpu, void *dst, const void *src, size_t bytes) {
+    if (gpu) KVT_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    else if (bytes) memcpy(dst, src, bytes);
+}
 
 /* Host memory is checked before the big allocations (weights, pool, scratch):
  * Linux lets malloc promise more memory than there is, and the process is killed
@@ -808,12 +813,33 @@ static kvt_status pool_alloc(kvt_pool *p, size_t data_bytes, size_t scale_bytes)
     p->n_free = n_chunks;
     return KVT_OK;
 }
+/* The host swap area: n_swap slots of one chunk (data, scales, its prefix
+ * hash), in host memory on either device; every slot starts free. */
+static size_t pool_chunk_bytes(const kvt_pool *p) { return kvt_dtype_size(p->dtype, p->chunk_elems); }
+static kvt_status pool_swap_alloc(kvt_pool *p, int n_swap) {
+    p->n_swap = p->n_swap_free = n_swap;
+    if (n_swap == 0) return KVT_OK;
+    kvt_status st = buf_alloc(0, (void **)&p->swap_data, pool_chunk_bytes(p) * (size_t)n_swap, "the host swap area");
+    if (st == KVT_OK && p->chunk_scales)
+        st = buf_alloc(0, (void **)&p->swap_scales, p->chunk_scales * sizeof(float) * (size_t)n_swap,
+                       "the host swap area's int8 scales");
+    if (st != KVT_OK) return st;
+    p->swap_free = (int *)kvt_malloc((size_t)n_swap * sizeof(int));
+    p->swap_hash = (uint64_t *)calloc((size_t)n_swap, sizeof(uint64_t));
+    KVT_ASSERT(p->swap_hash);
+    for (int i = 0; i < n_swap; i++) p->swap_free[i] = n_swap - 1 - i;
+    return KVT_OK;
+}
 static void pool_free(kvt_pool *p) {
     buf_free(p->on_device, p->data);
     buf_free(p->on_device, p->scales);
     free(p->refcount);
     free(p->free_list);
     free(p->prefix_hash);
+    free(p->swap_data);
+    free(p->swap_scales);
+    free(p->swap_free);
+    free(p->swap_hash);
     memset(p, 0, sizeof(*p));
 }
 static int pool_take(kvt_pool *p) { /* caller checked n_free > 0 */
@@ -837,14 +863,10 @@ static void pool_release(kvt_pool *p, int id) {
 }
 /* Copy chunk src into chunk dst (data and scales), on whichever device holds them. */
 static void pool_copy_chunk(kvt_pool *p, int dst, int src) {
-    size_t eb = kvt_dtype_size(p->dtype, p->chunk_elems), sb = p->chunk_scales * sizeof(float);
+    size_t eb = kvt_dtype_size(p->dtype, p->chunk_elems), sn = p->chunk_scales;
     char *d = (char *)p->data;
-    if (p->on_device) KVT_CUDA(cudaMemcpy(d + (size_t)dst * eb, d + (size_t)src * eb, eb, cudaMemcpyDeviceToDevice));
-    else memcpy(d + (size_t)dst * eb, d + (size_t)src * eb, eb);
-    if (!sb) return;
-    if (p->on_device) KVT_CUDA(cudaMemcpy(p->scales + (size_t)dst * p->chunk_scales,
-                                          p->scales + (size_t)src * p->chunk_scales, sb, cudaMemcpyDeviceToDevice));
-    else memcpy(p->scales + (size_t)dst * p->chunk_scales, p->scales + (size_t)src * p->chunk_scales, sb);
+    buf_copy(p->on_device, d + (size_t)dst * eb, d + (size_t)src * eb, eb);
+    if (sn) buf_copy(p->on_device, p->scales + (size_t)dst * sn, p->scales + (size_t)src * sn, sn * sizeof(float));
 }
 
 /* 1 when growing s past s->len writes into a shared, partly filled chunk. */
@@ -886,21 +908,37 @@ static kvt_status seq_reserve(kvt_pool *p, kvt_seq *s, int new_len, const char *
  * those tokens. A new sequence whose prompt starts with the same full chunks as
  * a live sequence points its table at those chunks instead of recomputing them.
  * FNV-1a over the token ids; a lookup scans the pool (small and plain). */
+int kvt_prefix_hash_bits = 64; /* the tests' hook (kvtransformer.h): fewer bits, more collisions */
 static uint64_t prefix_hash_of(const int *tokens, int n) {
     uint64_t h = 1469598103934665603ULL;
     for (int i = 0; i < n; i++) { h ^= (uint32_t)tokens[i]; h *= 1099511628211ULL; }
+    if (kvt_prefix_hash_bits < 64) h &= (1ULL << kvt_prefix_hash_bits) - 1;
     return h ? h : 1; /* 0 means "no hash" */
 }
+/* A hash can collide: a hit is used only when some live sequence holds chunk c
+ * as its entry k and its tokens up to the chunk's end are ours. */
+static int prefix_confirmed(const kvt_pool *p, const kvt_seq *live, int c, int k, const int *tokens) {
+    size_t n = (size_t)(k + 1) * (size_t)p->CH;
+    for (const kvt_seq *h = live; h; h = h->live_next)
+        if (h->n_table > k && h->table[k] == c && (size_t)h->len >= n && !memcmp(h->tokens, tokens, n * sizeof(int)))
+            return 1;
+    return 0;
+}
 /* Attach the live chunks that hold a prefix of tokens[0..n) to the empty s;
- * the last token is always left to compute (its logits are wanted). Returns
- * the number of positions attached. */
-static int prefix_attach(kvt_pool *p, kvt_seq *s, const int *tokens, int n) {
+ * the last token is always left to compute (its logits are wanted). live: the
+ * engine's list of live sequences, to confirm each hit. Returns the number of
+ * positions attached. */
+static int prefix_attach(kvt_pool *p, const kvt_seq *live, kvt_seq *s, const int *tokens, int n) {
     int k = 0;
+    KVT_ASSERT(s->len == 0 && s->n_table == 0);
     while ((k + 1) * p->CH <= n - 1) {
         uint64_t h = prefix_hash_of(tokens, (k + 1) * p->CH);
         int hit = -1;
         for (int c = 0; c < p->n_chunks && hit < 0; c++)
-            if (p->refcount[c] > 0 && p->prefix_hash[c] == h) hit = c;
+            if (p->refcount[c] > 0 && p->prefix_hash[c] == h) {
+                if (prefix_confirmed(p, live, c, k, tokens)) hit = c;
+                else p->prefix_collisions++;
+            }
         if (hit < 0) break;
         s->how[k] = '+';
         s->table[k++] = hit;
@@ -917,6 +955,78 @@ static int prefix_attach(kvt_pool *p, kvt_seq *s, const int *tokens, int n) {
 static void prefix_register(kvt_pool *p, const kvt_seq *s, int old_len) {
     for (int i = old_len / p->CH; (i + 1) * p->CH <= s->len; i++)
         if (p->prefix_hash[s->table[i]] == 0) p->prefix_hash[s->table[i]] = prefix_hash_of(s->tokens, (i + 1) * p->CH);
+}
+
+/* Swap to host memory (vLLM's swap preemption; the seeds' CPU offload). A
+ * sequence that must make room gives up the chunks it alone holds: each is
+ * copied into a slot of the host swap area and freed, and its table entry
+ * becomes KVT_SWAPPED(slot). A chunk shared with another sequence (a system
+ * prompt attached by prefix reuse) frees nothing when one holder lets go, so
+ * it stays where it is, pinned by the swapped sequence's reference. Swapping
+ * back needs exactly the chunks given up; they may come back under other ids
+ * (the table says where a position lives, so nothing else has to change). On
+ * the GPU the copies cross the host link (PCIe); on the CPU they are memcpy. */
+static void swap_copy(kvt_pool *p, int slot, int chunk, int out) {
+    size_t eb = pool_chunk_bytes(p), sn = p->chunk_scales;
+    char *dev = (char *)p->data + (size_t)chunk * eb, *host = p->swap_data + (size_t)slot * eb;
+    if (out) buf_download(p->on_device, host, dev, eb);
+    else buf_upload(p->on_device, dev, host, eb);
+    if (!sn) return;
+    float *ds = p->scales + (size_t)chunk * sn, *hs = p->swap_scales + (size_t)slot * sn;
+    if (out) buf_download(p->on_device, hs, ds, sn * sizeof(float));
+    else buf_upload(p->on_device, ds, hs, sn * sizeof(float));
+}
+static int seq_private_chunks(const kvt_pool *p, const kvt_seq *s) {
+    int n = 0;
+    for (int i = 0; i < s->n_table; i++) n += s->table[i] >= 0 && p->refcount[s->table[i]] == 1;
+    return n;
+}
+static kvt_status seq_swap_out(kvt_pool *p, kvt_seq *s) {
+    int need = seq_private_chunks(p, s);
+    if (s->n_swapped) return kvt_fail(KVT_EARG, "sequence %d is swapped out already", s->id);
+    if (need > p->n_swap_free)
+        return kvt_fail(KVT_EPOOL, "host swap area full: sequence %d needs %d slot(s), %d of %d are free", s->id,
+                        need, p->n_swap_free, p->n_swap);
+    double t0 = kvt_now();
+    for (int i = 0; i < s->n_table; i++) {
+        int c = s->table[i];
+        if (c < 0 || p->refcount[c] != 1) continue; /* shared: stays, pinned */
+        int slot = p->swap_free[--p->n_swap_free];
+        swap_copy(p, slot, c, 1);
+        p->swap_hash[slot] = p->prefix_hash[c];
+        pool_release(p, c); /* refcount 1 -> 0: back on the free list */
+        s->table[i] = KVT_SWAPPED(slot);
+        s->n_swapped++;
+    }
+    p->swap_out_chunks += s->n_swapped;
+    p->t_swap_out += kvt_now() - t0;
+    return KVT_OK;
+}
+static kvt_status seq_swap_in(kvt_pool *p, kvt_seq *s) {
+    if (s->n_swapped > p->n_free)
+        return kvt_fail(KVT_EPOOL, "KV cache pool exhausted: sequence %d needs %d chunk(s) to swap in, %d of %d are "
+                        "free", s->id, s->n_swapped, p->n_free, p->n_chunks);
+    double t0 = kvt_now();
+    for (int i = 0; i < s->n_table; i++) {
+        if (s->table[i] > -2) continue;
+        int slot = KVT_SWAP_SLOT(s->table[i]), c = pool_take(p);
+        swap_copy(p, slot, c, 0);
+        p->prefix_hash[c] = p->swap_hash[slot];
+        p->swap_hash[slot] = 0;
+        p->swap_free[p->n_swap_free++] = slot;
+        s->table[i] = c;
+    }
+    p->swap_in_chunks += s->n_swapped;
+    s->n_swapped = 0;
+    p->t_swap_in += kvt_now() - t0;
+    return KVT_OK;
+}
+/* A sequence that is dropped while swapped out gives its slots back. */
+static void swap_release(kvt_pool *p, int entry) {
+    int slot = KVT_SWAP_SLOT(entry);
+    KVT_ASSERT(slot >= 0 && slot < p->n_swap);
+    p->swap_hash[slot] = 0;
+    p->swap_free[p->n_swap_free++] = slot;
 }
 
 // §7 embedding ------------------------------------------------------------------
@@ -1687,7 +1797,7 @@ struct kvt_engine {
     int *tables;   /* (max_seqs * ceil(TMAX/CH)) chunk tables of this call */
     int *h_pos, *h_len, *h_tab; /* (rows) host staging of row_pos, row_len, row_tab */
     int *h_tables; /* (max_seqs * ceil(TMAX/CH)) host staging of tables */
-    float *h_logits; /* (rows, V) host staging of a batch's logits */
+    int *h_out;    /* (rows) the rows whose logits a batch wants: each sequence's last */
     float *h_scores; /* (rows, NH, TMAX) host copy of the weights for o.attn_probe (one float without it) */
     /* counters for --stats */
     double t_prefill, t_decode;
@@ -1757,7 +1867,7 @@ void kvt_engine_free(kvt_engine *e) {
     free(e->h_len);
     free(e->h_tab);
     free(e->h_tables);
-    free(e->h_logits);
+    free(e->h_out);
     free(e->h_scores);
     free(e);
 }
@@ -1789,6 +1899,8 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
         return kvt_fail(KVT_EARG, "--split %d is out of range [-1, %d] (-1 never, 0 automatic)", o->split_len, TMAX);
     if (o->max_rows < 1 || o->max_rows > KVT_MAX_ROWS)
         return kvt_fail(KVT_EARG, "max_rows %d is out of range [1, %d]", o->max_rows, KVT_MAX_ROWS);
+    if (o->swap_chunks < 0 || o->swap_chunks > KVT_LIMIT_CHUNKS)
+        return kvt_fail(KVT_EARG, "swap_chunks %d is out of range [0, %d]", o->swap_chunks, KVT_LIMIT_CHUNKS);
     /* Chunk tables: a sequence of TMAX positions holds ceil(TMAX/CH) chunks, and
      * a batch stages the tables of max_seqs sequences; the default pool has room
      * for all of them. Counted in size_t and capped: the tables are indexed by
@@ -1838,7 +1950,7 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
         /* host staging, always in host memory */
         {(void **)&e->h_pos, "h_pos", R, 1, 1, 0}, {(void **)&e->h_len, "h_len", R, 1, 1, 0},
         {(void **)&e->h_tab, "h_tab", R, 1, 1, 0}, {(void **)&e->h_tables, "h_tables", tab_entries, 1, 1, 0},
-        {(void **)&e->h_logits, "h_logits", R, V, 1, 0},
+        {(void **)&e->h_out, "h_out", R, 1, 1, 0},
         {(void **)&e->h_scores, "h_scores", o->attn_probe ? R : 1, o->attn_probe ? NH : 1, o->attn_probe ? T : 1, 0},
     };
     const int n_bufs = (int)(sizeof(b) / sizeof(b[0])), n_dev = n_bufs - 6; /* the first n_dev: engine's device */
@@ -1855,12 +1967,15 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
      * A real GPU's memory is checked by cudaMalloc itself (buf_alloc). */
     int dev_on_host = !e->gpu || KVT_EMULATED;
     double cache = dev_on_host ? (double)pool_data + (double)pool_scales : 0.0, scratch = 16.0 * n_chunks;
+    if (n_chunks > 0) /* the swap area is host memory on every device */
+        cache += ((double)pool_data + (double)pool_scales) / n_chunks * o->swap_chunks + 12.0 * o->swap_chunks;
     for (int i = 0; i < n_bufs; i++) scratch += i >= n_dev || dev_on_host ? (double)b[i].bytes : 0.0;
     if (st == KVT_OK)
         st = kvt_mem_check(4.0 * (double)m->n_floats, 1, cache, scratch);
     if (st == KVT_OK && e->gpu) st = kvt_model_upload(m);
     e->w = e->gpu ? &m->d_w : &m->w;
     if (st == KVT_OK) st = pool_alloc(&e->pool, pool_data, pool_scales);
+    if (st == KVT_OK) st = pool_swap_alloc(&e->pool, o->swap_chunks);
     for (int i = 0; i < n_bufs && st == KVT_OK; i++)
         st = buf_alloc(i < n_dev ? e->gpu : 0, b[i].p, b[i].bytes, i < n_dev ? "activation buffers" : "host staging buffers");
     if (st != KVT_OK) { kvt_engine_free(e); return st; }
@@ -1910,8 +2025,11 @@ kvt_status kvt_seq_init(kvt_engine *e, kvt_seq *s) {
 }
 /* Give every chunk back (a shared chunk only loses one reference). */
 void kvt_seq_reset(kvt_engine *e, kvt_seq *s) {
-    for (int i = 0; i < s->n_table; i++) pool_release(&e->pool, s->table[i]);
+    for (int i = 0; i < s->n_table; i++)
+        if (s->table[i] >= 0) pool_release(&e->pool, s->table[i]);
+        else if (s->table[i] <= -2) swap_release(&e->pool, s->table[i]); /* swapped out: its host slot */
     s->n_table = 0;
+    s->n_swapped = 0;
     s->len = 0;
 }
 /* Give the chunks back (kvt_seq_reset), leave the engine's list of live
@@ -1931,6 +2049,8 @@ void kvt_seq_free(kvt_engine *e, kvt_seq *s) {
  * continuation). Nothing is copied now: full chunks stay shared for good, and
  * the partly filled last chunk is copied by the first write (seq_reserve). */
 kvt_status kvt_seq_fork(kvt_engine *e, kvt_seq *dst, const kvt_seq *src) {
+    if (src->n_swapped)
+        return kvt_fail(KVT_EARG, "fork: sequence %d is swapped out (swap it in first)", src->id);
     kvt_status st = kvt_seq_init(e, dst);
     if (st != KVT_OK) return st;
     for (int i = 0; i < src->n_table; i++) {
@@ -1943,6 +2063,19 @@ kvt_status kvt_seq_fork(kvt_engine *e, kvt_seq *dst, const kvt_seq *src) {
     e->pool.shared_hits += src->n_table;
     return KVT_OK;
 }
+/* Prefix reuse and swapping, for a caller that schedules sequences itself
+ * (cli/serve.c): the pool's own functions (§6) with the engine's checks. */
+int kvt_seq_attach(kvt_engine *e, kvt_seq *s, const int *tokens, int n) {
+    KVT_ASSERT(s->len == 0 && s->n_table == 0 && n <= e->m->c.seq_len);
+    if (!e->o.prefix_reuse || !e->o.kv_cache || n < 2) return 0;
+    return prefix_attach(&e->pool, e->live, s, tokens, n);
+}
+int kvt_seq_private_chunks(const kvt_engine *e, const kvt_seq *s) { return seq_private_chunks(&e->pool, s); }
+kvt_status kvt_seq_swap_out(kvt_engine *e, kvt_seq *s) { return seq_swap_out(&e->pool, s); }
+kvt_status kvt_seq_swap_in(kvt_engine *e, kvt_seq *s) {
+    return s->n_swapped ? seq_swap_in(&e->pool, s) : KVT_OK;
+}
+
 /* How the fused attention cuts positions 0..max_pos into pieces. */
 static void attn_split(const kvt_engine *e, int max_pos, int n_rows, int *split_len, int *nsplit) {
     int T = max_pos + 1, len = e->o.split_len;
@@ -1961,8 +2094,11 @@ static void attn_split(const kvt_engine *e, int max_pos, int n_rows, int *split_
 static void attn_probe_rows(kvt_engine *e, kvt_kv kv, int l, int n);
 
 /* The transformer on n rows whose row_pos/row_len/row_tab and chunk tables are
- * already on the device. Writes each row's K/V into the cache, and the logits
- * of the last row (all rows when all_logits) into e->logits. */
+ * already on the device. Writes each row's K/V into the cache, and into
+ * e->logits (n_out, V) the logits of the rows out[0..n_out) (host row indices,
+ * ascending), or of every row when out is NULL. The classifier is the widest
+ * matmul (V = 32000 against D = 288 on the 15M model: 2.5x a row's other
+ * work), so a prefill or a batch computes it only for the rows it samples. */
 /* Shapes through one layer, for n rows:
  *   x (n, D) -rmsnorm-> xb (n, D) -wq,wk,wv-> q (n, D), k v (n, KVD) -rope-> q k
  *   k v -> cache;  attention(q, cache) -> att (n, D) -wo-> xb2 (n, D);  x += xb2
@@ -1970,7 +2106,7 @@ static void attn_probe_rows(kvt_engine *e, kvt_kv kv, int l, int n);
  * The rows may be one prompt (prefill), one token (decode), or one token of
  * each of several sequences (batch): forward_rows cannot tell, only the row
  * arrays (positions, tables) differ. */
-static void forward_rows(kvt_engine *e, int n, int all_logits) {
+static void forward_rows(kvt_engine *e, int n, const int *out, int n_out) {
     const kvt_config *c = &e->m->c;
     const kvt_weights *w = e->w;
     const kvt_ops *op = e->op;
@@ -2006,9 +2142,15 @@ static void forward_rows(kvt_engine *e, int n, int all_logits) {
         op->matmul(e->xb, e->hb, w->w2 + lD * HD, n, HD, D);
         op->residual(e->x, e->xb, n, D);
     }
-    op->rmsnorm(e->xb, e->x, w->rms_final, n, D);
-    if (all_logits) op->matmul(e->logits, e->xb, w->wcls, n, D, V);
-    else op->matmul(e->logits, e->xb + (size_t)(n - 1) * D, w->wcls, 1, D, V);
+    if (!out) { /* every row */
+        op->rmsnorm(e->xb, e->x, w->rms_final, n, D);
+        op->matmul(e->logits, e->xb, w->wcls, n, D, V);
+        return;
+    }
+    for (int i = 0; i < n_out; i++) /* gather the wanted rows of x into xb2 (free from here on) */
+        buf_copy(e->gpu, e->xb2 + (size_t)i * D, e->x + (size_t)out[i] * D, (size_t)D * sizeof(float));
+    op->rmsnorm(e->xb, e->xb2, w->rms_final, n_out, D);
+    op->matmul(e->logits, e->xb, w->wcls, n_out, D, V);
 }
 
 /* A forward call describes its rows to the kernels with small int arrays
@@ -2058,7 +2200,8 @@ kvt_status kvt_forward(kvt_engine *e, kvt_seq *s, const int *tokens, int n, floa
                         s->len, n, TMAX);
     kvt_status st = check_tokens(e, tokens, n);
     if (st != KVT_OK) return st;
-    int skip = s->len == 0 && share && !all_logits ? prefix_attach(p, s, tokens, n) : 0;
+    if (s->n_swapped) return kvt_fail(KVT_EARG, "sequence %d is swapped out: swap it in first", s->id);
+    int skip = s->len == 0 && share && !all_logits ? prefix_attach(p, e->live, s, tokens, n) : 0;
     st = seq_reserve(p, s, s->len + n - skip, "the sequence");
     if (st != KVT_OK) {
         if (skip) kvt_seq_reset(e, s); /* give back what prefix_attach took */
@@ -2071,7 +2214,8 @@ kvt_status kvt_forward(kvt_engine *e, kvt_seq *s, const int *tokens, int n, floa
         int piece = n - done < e->rows ? n - done : e->rows, last = done + piece == n;
         stage_seq(e, 0, s, piece, s->len + done, 0);
         stage_upload(e, tokens + done, piece, s->n_table);
-        forward_rows(e, piece, all_logits);
+        int lastrow = piece - 1;
+        forward_rows(e, piece, all_logits ? NULL : &lastrow, all_logits ? piece : 1);
         if (all_logits)
             buf_download(e->gpu, logits + (size_t)done * V, e->logits, (size_t)piece * V * sizeof(float));
         else if (last)
@@ -2105,6 +2249,7 @@ kvt_status kvt_forward_batch(kvt_engine *e, kvt_seq *const *seqs, int n_seqs, co
                             i, s->len, ntok[i], TMAX);
         for (int j = 0; j < i; j++)
             if (seqs[j] == s) return kvt_fail(KVT_EARG, "sequence %d of the batch is also sequence %d", i, j);
+        if (s->n_swapped) return kvt_fail(KVT_EARG, "sequence %d of the batch is swapped out: swap it in first", i);
         rows += ntok[i];
     }
     if (rows > e->rows) return kvt_fail(KVT_EARG, "a batch of %d rows: at most max_rows = %d", rows, e->rows);
@@ -2141,17 +2286,17 @@ kvt_status kvt_forward_batch(kvt_engine *e, kvt_seq *const *seqs, int n_seqs, co
         KVT_ASSERT(st == KVT_OK); /* counted above */
         stage_seq(e, r, s, ntok[i], s->len, tab);
         r += ntok[i];
+        e->h_out[i] = r - 1; /* only its last row's logits are used */
         tab += s->n_table;
     }
     double t0 = kvt_now();
     stage_upload(e, tokens, rows, tab);
-    forward_rows(e, rows, 1);
-    buf_download(e->gpu, e->h_logits, e->logits, (size_t)rows * V * sizeof(float));
+    forward_rows(e, rows, e->h_out, n_seqs);
+    buf_download(e->gpu, logits, e->logits, (size_t)n_seqs * V * sizeof(float));
     for (int i = 0, r = 0; i < n_seqs; i++) {
         kvt_seq *s = seqs[i];
         memcpy(s->tokens + s->len, tokens + r, (size_t)ntok[i] * sizeof(int));
         r += ntok[i];
-        memcpy(logits + (size_t)i * V, e->h_logits + (size_t)(r - 1) * V, (size_t)V * sizeof(float));
         s->len += ntok[i];
         if (e->o.prefix_reuse && e->o.kv_cache) prefix_register(p, s, s->len - ntok[i]);
     }

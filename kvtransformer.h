@@ -151,7 +151,22 @@ typedef struct {
     uint64_t *prefix_hash; /* (n_chunks) for a full chunk: hash of all tokens up to its end; 0 = none */
     long prefix_hits;    /* prompt chunks found cached in another live sequence */
     long prefix_misses;  /* prompt chunks that had to be computed */
+    long prefix_collisions; /* hash hits whose tokens differed (a 64-bit hash can collide): not attached */
+    /* The host swap area (kvt_options.swap_chunks): slots of one chunk each, in
+     * host memory whichever device holds the pool. A sequence swapped out keeps
+     * its table; each entry it alone held becomes KVT_SWAPPED(slot). */
+    int n_swap;          /* slots */
+    int n_swap_free;
+    int *swap_free;      /* (n_swap) stack of free slot ids */
+    char *swap_data;     /* (n_swap, chunk bytes) the chunks' data */
+    float *swap_scales;  /* (n_swap, chunk_scales) int8 only, else NULL */
+    uint64_t *swap_hash; /* (n_swap) the prefix hash each chunk had (restored by swap-in) */
+    long swap_out_chunks, swap_in_chunks; /* chunks copied out / back in */
+    double t_swap_out, t_swap_in;         /* seconds the copies took */
 } kvt_pool;
+/* A table entry that is in the host swap area's slot k (see kvt_seq_swap_out). */
+#define KVT_SWAPPED(k) (-2 - (k))
+#define KVT_SWAP_SLOT(entry) (-2 - (entry))
 
 typedef struct kvt_seq {
     int len;          /* T: positions cached */
@@ -161,7 +176,9 @@ typedef struct kvt_seq {
     int *tokens;      /* (TMAX) the tokens whose K/V are cached (for prefix reuse) */
     char *how;        /* (max_table) how this sequence got each entry's chunk: 0 taken from the pool
                        * (or shared by kvt_seq_fork), 'c' copied on write, '+' attached by prefix reuse */
-    int id;           /* 0, 1, 2, ... in the order kvt_seq_init made them on this engine */
+    int n_swapped;    /* table entries now in the host swap area (0: the sequence can run) */
+    int id;           /* 0, 1, 2, ... in the order kvt_seq_init made them on this engine (a caller may
+                       * renumber: --serve sets it to the request's number) */
     struct kvt_seq *live_prev, *live_next; /* the engine's list of live sequences (kvt_pool_print) */
 } kvt_seq;
 
@@ -191,6 +208,7 @@ typedef struct {
     int split_len;    /* fused attention (CPU and GPU): positions per split; 0 = automatic, -1 = never */
     int max_rows;     /* most rows per forward call (longer prefills are cut) */
     int prefix_reuse; /* 1: a new sequence reuses full chunks of a live one with the same prefix */
+    int swap_chunks;  /* host swap area, in chunks (kvt_seq_swap_out); 0: none */
 } kvt_options;
 
 void kvt_options_default(kvt_options *o);
@@ -208,8 +226,30 @@ void kvt_seq_free(kvt_engine *e, kvt_seq *s);
 /* dst shares all of src's chunks (refcounts go up); writing copies a shared
  * partly filled chunk first (copy-on-write). */
 kvt_status kvt_seq_fork(kvt_engine *e, kvt_seq *dst, const kvt_seq *src);
+/* Prefix reuse by hand, for a caller that batches (kvt_forward does it by
+ * itself): point the empty s at the live chunks that hold full chunks of
+ * tokens[0..n), always leaving the last token to compute. A hash hit counts only
+ * when a live holder's tokens confirm it. Returns the positions attached
+ * (s->len); they need no forward. */
+int kvt_seq_attach(kvt_engine *e, kvt_seq *s, const int *tokens, int n);
+/* Chunks only s holds (refcount 1): what kvt_seq_reset or a swap-out frees. */
+int kvt_seq_private_chunks(const kvt_engine *e, const kvt_seq *s);
+/* Swap out: copy the chunks only s holds into free slots of the host swap area
+ * (device to host on the GPU), free them, and mark their table entries
+ * KVT_SWAPPED(slot); chunks shared with another sequence stay, pinned. Fails
+ * (KVT_EPOOL, nothing changed) when the area lacks the slots. Swap in: copy them
+ * into whatever chunks are free, restoring the table and the prefix hashes
+ * (KVT_EPOOL, nothing changed, when the pool lacks the chunks). A swapped-out
+ * sequence cannot run or be forked; kvt_seq_reset frees its slots. */
+kvt_status kvt_seq_swap_out(kvt_engine *e, kvt_seq *s);
+kvt_status kvt_seq_swap_in(kvt_engine *e, kvt_seq *s);
+/* Test hook: the prefix hash keeps only its low kvt_prefix_hash_bits bits (64:
+ * all). 1 makes nearly every chunk collide, so the tests can see that a hit is
+ * confirmed against the tokens before it is shared. */
+extern int kvt_prefix_hash_bits;
 /* Refcounts match the tables of these live sequences; nothing free is held; each
- * '+' entry (how) is a full chunk that still has its prefix hash. seqs NULL: the
+ * '+' entry (how) is a full chunk that still has its prefix hash; each swap
+ * slot is held by exactly one table entry or is free. seqs NULL: the
  * engine's own list of live sequences (made by kvt_seq_init or _fork, not yet freed). */
 kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs);
 
@@ -226,7 +266,8 @@ kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs)
  * seq N: the sequence's id; each entry is a chunk id, then * when the chunk is shared
  * (refcount > 1), then c when this sequence copied it on write (2c), or + when it
  * attached it by prefix reuse; (f/CH): the last chunk holds f < CH positions; len T.
- * An entry < 0 holds no chunk and shows as -. pool: one character per chunk, . free,
+ * An entry in the host swap area shows as hK (slot K); any other entry < 0 holds
+ * no chunk and shows as -. pool: one character per chunk, . free,
  * # held by one table, * shared, 64 to a row; a pool of more than 64 follows each row
  * with the chunk ids it shows (0..63), draws the first 512 and counts the rest on one
  * line ("+ chunks 512..4095 not drawn: in use 3, shared 1, free 3581"). totals: from

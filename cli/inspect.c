@@ -32,7 +32,34 @@ static kvt_status seq_marks_check(const kvt_pool *p, const kvt_seq *s) {
 }
 
 /* Consistency of the pool given all live sequences: every chunk's refcount is
- * the number of tables that hold it, and no chunk is both free and held. */
+ * the number of tables that hold it, and no chunk is both free and held; each
+ * slot of the host swap area is held by one table entry or is free, and each
+ * sequence's n_swapped counts its swapped entries. */
+static kvt_status swap_check(const kvt_pool *p, const kvt_seq *const *seqs, int n_seqs) {
+    int *held = (int *)calloc((size_t)p->n_swap + 1, sizeof(int));
+    KVT_ASSERT(held);
+    kvt_status st = KVT_OK;
+    for (int i = 0; i < p->n_swap_free; i++) held[p->swap_free[i]]++;
+    for (int i = 0; i < n_seqs && st == KVT_OK; i++) {
+        int n = 0;
+        for (int j = 0; j < seqs[i]->n_table; j++) {
+            int slot = KVT_SWAP_SLOT(seqs[i]->table[j]);
+            if (seqs[i]->table[j] > -2) continue;
+            n++;
+            if (slot >= p->n_swap) st = kvt_fail(KVT_EPOOL, "pool check: sequence %d, table entry %d: swap slot %d of "
+                                                 "%d", seqs[i]->id, j, slot, p->n_swap);
+            else held[slot]++;
+        }
+        if (st == KVT_OK && n != seqs[i]->n_swapped)
+            st = kvt_fail(KVT_EPOOL, "pool check: sequence %d has %d swapped entries but n_swapped %d", seqs[i]->id, n,
+                          seqs[i]->n_swapped);
+    }
+    for (int k = 0; k < p->n_swap && st == KVT_OK; k++)
+        if (held[k] != 1) st = kvt_fail(KVT_EPOOL, "pool check: swap slot %d is %s", k, held[k] ? "free and held, "
+                                        "or held twice" : "neither free nor held (lost)");
+    free(held);
+    return st;
+}
 kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
     kvt_pool *p = &e->pool;
     const kvt_seq **all = NULL;
@@ -41,7 +68,8 @@ kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs)
     kvt_status st = refs ? KVT_OK : kvt_fail(KVT_ENOMEM, "host out of memory (pool check)");
     if (st == KVT_OK) {
         for (int i = 0; i < n_seqs; i++)
-            for (int j = 0; j < seqs[i]->n_table; j++) refs[seqs[i]->table[j]]++;
+            for (int j = 0; j < seqs[i]->n_table; j++)
+                if (seqs[i]->table[j] >= 0) refs[seqs[i]->table[j]]++; /* < 0: in the swap area, or none */
         for (int i = 0; i < p->n_free; i++) refs[p->free_list[i]] += 1 << 20; /* a free chunk held too shows up */
         for (int c = 0; c < p->n_chunks && bad < 0; c++)
             if (refs[c] != (p->refcount[c] == 0 ? 1 << 20 : p->refcount[c])) bad = c;
@@ -51,6 +79,7 @@ kvt_status kvt_pool_check(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs)
                       p->refcount[bad], refs[bad] % (1 << 20),
                       refs[bad] >= (1 << 20) ? " and is on the free list" : "");
     for (int i = 0; i < n_seqs && st == KVT_OK; i++) st = seq_marks_check(p, seqs[i]);
+    if (st == KVT_OK) st = swap_check(p, seqs, n_seqs);
     free(refs);
     free(all);
     return st;
@@ -74,6 +103,7 @@ void kvt_cache_usage_of(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs, k
         const kvt_seq *s = seqs[i];
         tables += s->n_table;
         for (int j = 0; j < s->n_table; j++) {
+            if (s->table[j] < 0) { tables--; continue; } /* swapped out: holds no chunk of the pool */
             int f = s->len - j * p->CH < p->CH ? s->len - j * p->CH : p->CH;
             if (f < 1) f = 1; /* reserved, not yet written: still counts as held */
             if (f > fill[s->table[j]]) fill[s->table[j]] = f;
@@ -110,6 +140,7 @@ static void pool_print_seq(FILE *f, const kvt_pool *p, const kvt_seq *s) {
     fprintf(f, "seq %d [", s->id);
     for (int j = 0; j < s->n_table; j++) {
         int c = s->table[j], h = s->how[j];
+        if (c <= -2) { fprintf(f, " h%d", KVT_SWAP_SLOT(c)); continue; } /* in the host swap area */
         if (c < 0) { fprintf(f, " -"); continue; } /* an entry that holds no chunk */
         fprintf(f, " %d%s%s", c, p->refcount[c] > 1 ? "*" : "", h == 'c' ? "c" : h == '+' ? "+" : "");
     }
@@ -117,7 +148,7 @@ static void pool_print_seq(FILE *f, const kvt_pool *p, const kvt_seq *s) {
      * chunks are taken before the call and len grows after it (§15). */
     int fill = s->len - (s->n_table - 1) * p->CH;
     if (s->n_table > 0 && fill < p->CH) fprintf(f, " (%d/%d)", fill > 0 ? fill : 0, p->CH);
-    fprintf(f, " ] len %d\n", s->len);
+    fprintf(f, " ] len %d%s\n", s->len, s->n_swapped ? " (swapped out)" : "");
 }
 /* pool [*##.#...], one character per chunk from its refcount; rows of 64 */
 static void pool_print_map(FILE *f, const kvt_pool *p) {
