@@ -7,10 +7,8 @@
  * Usage: ./test_kvt [path to the kvt binary, for the command-line checks]
  * Ends with "N passed, N failed, N skipped"; exits 1 on any failure. */
 #define KVT_NO_MAIN
-#if (defined(KVT_FUZZ) && KVT_FUZZ == 4) || (defined(KVT_EXERCISE) && (KVT_EXERCISE == 1 || KVT_EXERCISE == 5))
-#define KVT_CLI /* the command-line parser too (§20), without main */
+#define KVT_CLI /* the command line (§20) too, without main: its parser, the --serve scheduler */
 #pragma GCC diagnostic ignored "-Wunused-function" /* the runners that only main calls */
-#endif
 #include "kvtransformer.cu"
 #include <unistd.h> /* getpid: the tests' temporary file names */
 
@@ -2899,6 +2897,235 @@ static void test_bench_shapes(void) {
 
 // ---- the default model (weights/) -----------------------------------------------------------
 
+/* ---- --serve: many requests through the scheduler (cli/serve.c) ---------------
+ * Each sampled position of a serve run is checked against a solo run of that
+ * request in a second engine (no sharing, one sequence per request), fed the
+ * tokens the serve run produced (teacher forcing): the logits agree within the
+ * end-to-end tolerance (a quantized cache: TOL_SERVE_Q), and greedy tokens are
+ * equal wherever the solo run's top two logits are further apart than a tie.
+ * Bits cannot be equal in general: a row's sum order depends on its batch. */
+/* fp16/int8: one K/V value that rounds the other way in the batch than alone
+ * moves the logits by about one quantization step times a weight; 100x the
+ * fp32 tolerance, 5x below a near tie. */
+#define TOL_SERVE_Q 1e-3
+typedef struct {
+    kvt_engine *solo;
+    kvt_seq *seqs;   /* (n) one solo sequence per request */
+    float *buf;      /* (V) */
+    double tol, worst;
+    long checked, tie_skips, token_bad;
+} sv_solo;
+static void sv_solo_check(void *ctx, const sv_req *r, const float *logits) {
+    sv_solo *k = (sv_solo *)ctx;
+    kvt_seq *s = &k->seqs[r->id];
+    int nh = sv_hist(r), V = k->solo->m->c.vocab_size;
+    if (s->len > nh - 1) kvt_seq_reset(k->solo, s); /* never: the history only grows */
+    KVT_ASSERT(kvt_forward(k->solo, s, r->hist + s->len, nh - s->len, k->buf, 0) == KVT_OK);
+    double mx = 0, d = 0;
+    for (int v = 0; v < V; v++) {
+        mx = fabs(k->buf[v]) > mx ? fabs(k->buf[v]) : mx;
+        d = fabs(k->buf[v] - logits[v]) > d ? fabs(k->buf[v] - logits[v]) : d;
+    }
+    d /= mx > 0 ? mx : 1;
+    k->worst = d > k->worst ? d : k->worst;
+    int a = kvt_argmax(k->buf, V), b = -1;
+    for (int v = 0; v < V; v++) if (v != a && (b < 0 || k->buf[v] > k->buf[b])) b = v;
+    if (k->buf[a] - k->buf[b] > TOL_TIE * mx) k->token_bad += kvt_argmax(logits, V) != a;
+    else k->tie_skips++;
+    k->checked++;
+}
+/* A reproducible trace in memory: n requests, Poisson-like gaps (mean 3 ms),
+ * prompt lengths long-tailed (most short, a few past the token budget, so they
+ * prefill in several steps), outputs 4..30. With a tokenizer, the prompts are
+ * text: one of a few openings, some sharing a long first part. */
+static sv_req *sv_make_trace(int n, const kvt_model *m, const kvt_tokenizer *tk, uint64_t seed) {
+    static const char *lines[] = {"ROMEO:", "JULIET:\nO Romeo, Romeo, wherefore art thou Romeo?", "KING HENRY:",
+                                  "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.",
+                                  "HAMLET:\nTo be, or not to be, that is the question:\nWhether 'tis nobler in the mind"};
+    static const int lens[] = {3, 5, 8, 12, 20, 40, 70};
+    sv_req *q = (sv_req *)calloc((size_t)n, sizeof(sv_req));
+    int TMAX = m->c.seq_len, V = m->c.vocab_size;
+    uint64_t x = seed * 2654435761u + 1;
+    double t = 0;
+    for (int i = 0; i < n; i++) {
+        sv_req *r = &q[i];
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        t += (double)(x % 7);
+        r->id = i;
+        r->arrival = t;
+        r->hist = (int *)kvt_malloc((size_t)(TMAX + 1) * sizeof(int));
+        r->max_new = 4 + (int)((x >> 8) % 27);
+        if (tk) KVT_ASSERT(kvt_encode(tk, lines[(x >> 20) % 5], 1, r->hist, TMAX, &r->n_prompt) == KVT_OK);
+        else {
+            r->n_prompt = lens[(x >> 20) % 7];
+            r->hist[0] = 1;
+            for (int j = 1; j < r->n_prompt; j++) r->hist[j] = (int)((x >> 3) * (uint64_t)(j + 7) % (uint64_t)V);
+        }
+        if (r->n_prompt + r->max_new > TMAX) r->max_new = TMAX - r->n_prompt;
+    }
+    return q;
+}
+/* Run a trace through serve_run with every position checked by a solo run on
+ * the same options; returns the figures in *c. */
+static int sv_run_checked(kvt_model *m, const kvt_tokenizer *tk, const kvt_options *o, sv_req *q, int n, sv_cfg *c,
+                          double tol, const char *what) {
+    kvt_engine *e, *solo;
+    kvt_options so = *o;
+    so.prefix_reuse = 0;
+    so.n_chunks = n * kvt_cdiv(m->c.seq_len, o->CH);
+    so.swap_chunks = 0;
+    KVT_ASSERT(kvt_engine_create(&e, m, o) == KVT_OK && kvt_engine_create(&solo, m, &so) == KVT_OK);
+    sv_solo k = {solo, (kvt_seq *)calloc((size_t)n, sizeof(kvt_seq)), (float *)kvt_malloc(m->c.vocab_size * sizeof(float)),
+                 tol, 0, 0, 0, 0};
+    for (int i = 0; i < n; i++) KVT_ASSERT(kvt_seq_init(solo, &k.seqs[i]) == KVT_OK);
+    c->on_logits = sv_solo_check;
+    c->ctx = &k;
+    c->check_pool = 1;
+    kvt_status st = serve_run(e, tk, q, n, c, 0.0, 1.0, 7);
+    long tokens = 0, preempts = 0, swaps = 0;
+    int done = 1;
+    for (int i = 0; i < n; i++) {
+        tokens += q[i].n_out;
+        preempts += q[i].preempts;
+        swaps += q[i].swaps;
+        done &= q[i].state == SV_DONE && q[i].reason && q[i].first >= q[i].admitted && q[i].finish >= q[i].first;
+    }
+    kvt_pool *p = kvt_engine_pool(e);
+    int ok = expect(st == KVT_OK && done && k.checked == tokens && k.worst <= tol && k.token_bad == 0,
+                    "serve %s: %d requests, %ld positions checked against solo runs, worst logit diff %.2g (tol %.0e), "
+                    "%ld greedy tokens differ (%ld near ties skipped); preemptions %ld (swaps %ld, fallbacks %ld), "
+                    "%ld steps%s%s", what, n, k.checked, k.worst, tol, k.token_bad, k.tie_skips, preempts, swaps,
+                    c->fallbacks, c->steps, st == KVT_OK ? "" : ": ", st == KVT_OK ? "" : kvt_last_error());
+    expect(st == KVT_OK && p->n_free == p->n_chunks && p->n_swap_free == p->n_swap && c->out_tokens == tokens &&
+           kvt_pool_check(e, NULL, 0) == KVT_OK,
+           "serve %s: at the end the pool is empty (%d of %d free), the swap area too (%d of %d), the summary's "
+           "tokens %ld = the requests' %ld; kvt_pool_check held after every step", what, p->n_free, p->n_chunks,
+           p->n_swap_free, p->n_swap, c->out_tokens, tokens);
+    for (int i = 0; i < n; i++) kvt_seq_free(solo, &k.seqs[i]);
+    free(k.seqs);
+    free(k.buf);
+    kvt_engine_free(solo);
+    kvt_engine_free(e);
+    return ok;
+}
+static void sv_cfg_init(sv_cfg *c, int max_running, int max_batch, int swap) {
+    memset(c, 0, sizeof(*c));
+    c->max_running = max_running;
+    c->max_batch = max_batch;
+    c->watermark = 1;
+    c->swap = swap;
+    c->clock_steps = 1;
+}
+static long sv_sum(const sv_req *q, int n, int what) { /* 0 preemptions, 1 swaps, 2 reused */
+    long s = 0;
+    for (int i = 0; i < n; i++) s += what == 0 ? q[i].preempts - q[i].swaps : what == 1 ? q[i].swaps : q[i].reused;
+    return s;
+}
+
+static void test_serve(void) {
+    kvt_config rc = {64, 128, 2, 4, 2, 512, 128};
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, rc, 5) == KVT_OK);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.CH = 8;
+    o.n_chunks = 24; /* 192 positions for up to 8 requests of up to 100: preemptions */
+    o.max_seqs = 8;
+    o.max_rows = 32; /* prompts of 40 and 70 prefill over several steps */
+    int n = 32;
+    sv_cfg c;
+    /* recompute */
+    sv_req *q = sv_make_trace(n, &m, NULL, 1);
+    sv_cfg_init(&c, 8, 32, 0);
+    sv_run_checked(&m, NULL, &o, q, n, &c, TOL_E2E, "random model, fp32, --preempt recompute");
+    expect(sv_sum(q, n, 0) >= 5 && c.recomputed > 0, "serve recompute: %ld preemptions by recompute (>= 5), %ld "
+           "positions recomputed", sv_sum(q, n, 0), c.recomputed);
+    sv_free(q, n);
+    /* swap, with room for everything swapped */
+    o.swap_chunks = 64;
+    q = sv_make_trace(n, &m, NULL, 1);
+    sv_cfg_init(&c, 8, 32, 1);
+    sv_run_checked(&m, NULL, &o, q, n, &c, TOL_E2E, "random model, fp32, --preempt swap");
+    expect(sv_sum(q, n, 1) >= 5 && c.fallbacks == 0 && c.swap_out_bytes == c.swap_in_bytes && c.swap_in_bytes > 0,
+           "serve swap: %ld swap-outs (>= 5), no fallback, %.0f bytes out = %.0f in", sv_sum(q, n, 1),
+           c.swap_out_bytes, c.swap_in_bytes);
+    sv_free(q, n);
+    /* swap with a swap area too small for some: those fall back to recompute */
+    o.swap_chunks = 3;
+    q = sv_make_trace(n, &m, NULL, 1);
+    sv_cfg_init(&c, 8, 32, 1);
+    sv_run_checked(&m, NULL, &o, q, n, &c, TOL_E2E, "random model, a 3-chunk swap area");
+    expect(c.fallbacks > 0 && sv_sum(q, n, 1) > 0, "serve swap, small area: %ld swaps, %ld fallbacks to recompute",
+           sv_sum(q, n, 1), c.fallbacks);
+    sv_free(q, n);
+    /* the same trace twice under the step clock: the same schedule, the same tokens */
+    sv_req *q2[2];
+    for (int k = 0; k < 2; k++) {
+        kvt_engine *e;
+        KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+        q2[k] = sv_make_trace(n, &m, NULL, 3);
+        sv_cfg_init(&c, 8, 32, 1);
+        KVT_ASSERT(serve_run(e, NULL, q2[k], n, &c, 0.9, 0.9, 11) == KVT_OK); /* sampled: each request its own seed */
+        kvt_engine_free(e);
+    }
+    int same = 1;
+    for (int i = 0; i < n; i++)
+        same &= q2[0][i].n_out == q2[1][i].n_out && q2[0][i].finish == q2[1][i].finish &&
+                q2[0][i].first == q2[1][i].first && q2[0][i].preempts == q2[1][i].preempts &&
+                !memcmp(q2[0][i].hist, q2[1][i].hist, (size_t)sv_hist(&q2[0][i]) * sizeof(int));
+    expect(same, "serve: two runs of one trace (sampled, swap) under the step clock give the same tokens, times and "
+           "preemptions");
+    sv_free(q2[0], n);
+    sv_free(q2[1], n);
+    /* the smaller matrix: fp16, int8, naive attention, the emulated GPU */
+    struct { kvt_dtype dt; kvt_attn at; kvt_device dev; const char *what; double tol; } v[] = {
+        {KVT_FP16, KVT_ATTN_FUSED, KVT_CPU, "fp16 cache", TOL_SERVE_Q},
+        {KVT_INT8, KVT_ATTN_FUSED, KVT_CPU, "int8 cache", TOL_SERVE_Q},
+        {KVT_FP32, KVT_ATTN_NAIVE, KVT_CPU, "naive attention", TOL_E2E},
+        {KVT_INT8, KVT_ATTN_FUSED, KVT_GPU, "int8 cache on the GPU", TOL_SERVE_Q},
+    };
+    for (int i = 0; i < 4; i++) {
+        if (v[i].dev == KVT_GPU && !kvt_gpu_available()) { skip("serve on the GPU: no device"); continue; }
+        kvt_options oi = o;
+        oi.kv_dtype = v[i].dt;
+        oi.attn = v[i].at;
+        oi.device = v[i].dev;
+        oi.swap_chunks = 16;
+        oi.n_chunks = 16;
+        int ni = 12;
+        q = sv_make_trace(ni, &m, NULL, 4 + i);
+        sv_cfg_init(&c, 6, 24, i % 2);
+        sv_run_checked(&m, NULL, &oi, q, ni, &c, v[i].tol, v[i].what);
+        sv_free(q, ni);
+    }
+    kvt_model_free(&m);
+
+    /* the default model, text prompts that share their first chunks (prefix reuse under traffic) */
+    kvt_tokenizer tk;
+    if (kvt_model_load(&m, "weights/model.bin") != KVT_OK) { skip("serve on the default model: no weights/model.bin"); return; }
+    KVT_ASSERT(kvt_tokenizer_load(&tk, "weights/tokenizer.bin", m.c.vocab_size) == KVT_OK);
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.CH = 4;
+    o.n_chunks = 40;
+    o.max_seqs = 8;
+    o.max_rows = 16;
+    o.swap_chunks = 64;
+    for (int swap = 0; swap < 2; swap++) {
+        q = sv_make_trace(30, &m, &tk, 9);
+        sv_cfg_init(&c, 8, 16, swap);
+        sv_run_checked(&m, &tk, &o, q, 30, &c, TOL_E2E, swap ? "default model, --preempt swap" :
+                       "default model, --preempt recompute");
+        expect(sv_sum(q, 30, swap) >= 5 && sv_sum(q, 30, 2) > 0, "serve default model: %ld %s (>= 5); %ld prompt "
+               "positions attached from live requests", sv_sum(q, 30, swap), swap ? "swaps" : "recomputes",
+               sv_sum(q, 30, 2));
+        sv_free(q, 30);
+    }
+    kvt_tokenizer_free(&tk);
+    kvt_model_free(&m);
+}
+
 static void test_default_model(void) {
     kvt_model m;
     if (kvt_model_load(&m, "weights/model.bin") != KVT_OK) { skip("default model: weights/model.bin missing"); return; }
@@ -5003,6 +5230,7 @@ int main(int argc, char **argv) {
     test_smollm2_fixture();
     test_sampler();
     test_default_model();
+    test_serve();
     test_hardening();
     test_outputs();
     test_kv_group_default();

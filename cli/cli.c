@@ -115,6 +115,21 @@ static void usage(FILE *f) {
         "  --bench-batch B         --bench context: sequences decoded together (default 1)\n"
         "  --bench-every N         --bench positions: step between positions (default 64, less for TMAX < 68)\n"
         "  --csv FILE              --bench: also write the table as CSV\n"
+        "  --serve FILE            serve a trace of requests (arrival_ms<TAB>max_new<TAB>prompt per line;\n"
+        "                          prompt escapes \\n \\t \\\\, or ids:1,2,3): continuous batching over one pool,\n"
+        "                          a summary on stderr. max_new is capped at TMAX - prompt (finish: length)\n"
+        "  --max-running N         --serve: most requests running at once (default 16)\n"
+        "  --max-batch-tokens N    --serve: rows per step, decode + chunked prefill (default 256)\n"
+        "  --preempt recompute|swap  --serve: what a preempted request gives up (default recompute)\n"
+        "  --swap-mb F             --preempt swap: host swap area in MB (default 64; full: recompute)\n"
+        "  --serve-watermark W     --serve: free chunks kept for growth when admitting (default 1)\n"
+        "  --serve-clock measured|steps  --serve: measured step times, or a stated cost per step\n"
+        "                          (1 ms + 0.1 ms a row: the same schedule on every machine)\n"
+        "  --serve-log FILE        --serve: a CSV row per request (times, tokens, finish, preemptions)\n"
+        "  --serve-text FILE       --serve: id<TAB>generated text per request (\\n \\t \\\\ escaped)\n"
+        "  --stop STR              --serve: a request ends when its text contains STR\n"
+        "                          (--serve's pool, --chunks: default a quarter of --max-running full\n"
+        "                          contexts, and room for the largest request)\n"
         "  -h, --help              this text\n"
         "environment: OMP_NUM_THREADS sets the CPU threads (default one a core); more than %d a core is\n"
         "refused (each thread takes a stack: a team of 100,000 overflows it)\n", KVT_THREADS_PER_CORE);
@@ -204,6 +219,10 @@ typedef struct {
     int dump_attn_layer;   /* --dump-attn-layer, -1: every layer */
     FILE *attnf;           /* where --dump-attn writes (opened by the runner), or NULL */
     int attn_next;         /* --dump-attn writes rows at positions >= this (earlier ones are in the file) */
+    /* --serve (cli/serve.c) */
+    const char *serve, *serve_log, *serve_text, *stop;
+    int max_running, max_batch, preempt, serve_clock, watermark;
+    double swap_mb;
 } kvt_cli;
 
 /* Every flag, once: its names, how its value is read, and the field of
@@ -222,6 +241,8 @@ static const char *const arg_onoff[] = {"off", "on", NULL}, *const arg_dtypes[] 
                          *const arg_attns[] = {"naive", "fused", NULL}, *const arg_devs[] = {"cpu", "gpu", NULL},
                          *const arg_benches[] = {"decode", "positions", "batch", "attention", "stages", "context",
                                                  "matmul", NULL},
+                         *const arg_preempts[] = {"recompute", "swap", NULL},
+                         *const arg_clocks[] = {"measured", "steps", NULL},
                          *const arg_modes[] = {"generate", "chat", NULL}, *const arg_templates[] = {"llama2", "zephyr",
                                                                                                   "plain", "chatml", NULL};
 enum chat_tpl { TPL_LLAMA2, TPL_ZEPHYR, TPL_PLAIN, TPL_CHATML }; /* arg_templates' order */
@@ -267,6 +288,16 @@ static const cli_flag cli_flags[] = {
     {"--bench-batch", NULL, ARG_INT, AT(bench_batch), 1, 256, NULL},
     {"--bench-every", NULL, ARG_INT, AT(bench_every), 1, KVT_LIMIT_SEQ, NULL},
     {"--csv", NULL, ARG_STR, AT(csv), 0, 0, NULL},
+    {"--serve", NULL, ARG_STR, AT(serve), 0, 0, NULL},
+    {"--serve-log", NULL, ARG_STR, AT(serve_log), 0, 0, NULL},
+    {"--serve-text", NULL, ARG_STR, AT(serve_text), 0, 0, NULL},
+    {"--stop", NULL, ARG_STR, AT(stop), 0, 0, NULL},
+    {"--max-running", NULL, ARG_INT, AT(max_running), 1, KVT_MAX_SEQS, NULL},
+    {"--max-batch-tokens", NULL, ARG_INT, AT(max_batch), 1, KVT_MAX_ROWS, NULL},
+    {"--preempt", NULL, ARG_CHOICE, AT(preempt), 0, 0, arg_preempts},
+    {"--serve-clock", NULL, ARG_CHOICE, AT(serve_clock), 0, 0, arg_clocks},
+    {"--serve-watermark", NULL, ARG_INT, AT(watermark), 0, KVT_LIMIT_CHUNKS, NULL},
+    {"--swap-mb", NULL, ARG_FLOAT, AT(swap_mb), 0, 1e6, NULL},
 };
 #undef AT
 static const cli_flag *cli_flag_of(const char *name) {
@@ -379,6 +410,20 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
         {a->dump_attn && (a->prompts || a->fork > 1 || a->ppl || a->bench),
          "--dump-attn records one sequence's run: drop --prompts, --fork, --ppl and --bench"},
         {cli_gave(a, "--dump-attn-layer") && !a->dump_attn, "--dump-attn-layer needs --dump-attn"},
+        {a->serve && (a->prompts || fork || chat || a->bench || a->ppl || a->check || gave_prompt || a->tokens ||
+                      a->dump_logits || a->dump_tokens || a->dump_attn || cli_gave(a, "-n")),
+         "--serve takes its prompts and lengths from the trace: drop --prompts, --fork, --chat, --bench, --ppl, "
+         "--check, -i, --tokens, -n and the --dump flags"},
+        {!a->serve && (a->serve_log || a->serve_text || a->stop || cli_gave(a, "--max-running") ||
+                       cli_gave(a, "--max-batch-tokens") || cli_gave(a, "--preempt") || cli_gave(a, "--serve-clock") ||
+                       cli_gave(a, "--serve-watermark") || cli_gave(a, "--swap-mb")),
+         "--serve-log, --serve-text, --stop, --max-running, --max-batch-tokens, --preempt, --serve-clock, "
+         "--serve-watermark and --swap-mb shape a --serve run: add --serve FILE"},
+        {a->serve && a->max_batch < a->max_running, "--max-batch-tokens must be at least --max-running (every "
+         "running request decodes one row a step)"},
+        {a->serve && cli_gave(a, "--swap-mb") && a->preempt == 0, "--swap-mb sizes the swap area of --preempt swap"},
+        {a->serve && a->stop && !a->stop[0], "--stop needs a non-empty string"},
+        {a->serve && !a->o.kv_cache, "--serve runs with the cache (the no-cache baseline is bench/serve.sh's)"},
     };
     for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
         if (rules[i].bad) { kvt_fail(KVT_EARG, "%s", rules[i].why); return 0; }
@@ -450,7 +495,9 @@ static int cli_check_files(const kvt_cli *a) {
         {"--prompts", a->prompts, 0},            {"--ppl", a->ppl, 0},
         {"--dump-logits", a->dump_logits, 1},    {"--dump-tokens", a->dump_tokens, 1},
         {"--trace", a->trace && a->trace[0] ? a->trace : NULL, 1}, {"--csv", a->csv, 1},
-        {"--dump-attn", a->dump_attn, 1},        {"stdout", "(redirected with > or >>)", 1},
+        {"--dump-attn", a->dump_attn, 1},        {"--serve", a->serve, 0},
+        {"--serve-log", a->serve_log, 1},        {"--serve-text", a->serve_text, 1},
+        {"stdout", "(redirected with > or >>)", 1},
     };
     enum { NF = sizeof(f) / sizeof(f[0]) };
     cli_file_id id[NF];
@@ -1328,6 +1375,8 @@ static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int
     return bad ? -(n + 2) : n;
 }
 
+/* --serve: the scheduler, the trace and the reports (§20's serving part). */
+#include "serve.c" /* cli/serve.c (beside this file) */
 #endif
 #ifndef KVT_NO_MAIN
 /* main: defaults, flags, model, then one of the runs; every exit after the
@@ -1377,6 +1426,10 @@ static int cli_main(int argc, char **argv) {
     a.fork_share = 1;
     a.tpl = -1;
     a.dump_attn_layer = -1;
+    a.max_running = 16;
+    a.max_batch = 256;
+    a.watermark = 1;
+    a.swap_mb = 64;
     kvt_options_default(&a.o);
     int parsed = parse_args(&a, argc, argv);
     if (parsed == 2) { usage(stdout); return 0; }
@@ -1421,6 +1474,11 @@ static int cli_main(int argc, char **argv) {
         }
         if ((st = kvt_tokenizer_load(&tk, a.tokenizer, V)) != KVT_OK) { kvt_model_free(&m); return cli_fail(""); }
         tkp = &tk;
+    }
+    if (a.serve) {
+        rc = run_serve(&m, tkp, &a);
+        kvt_errbuf[0] = '\0';
+        goto done;
     }
     if (a.ppl) {
         if (!tkp) kvt_fail(KVT_EARG, "--ppl needs a tokenizer (not --random)");
