@@ -3126,6 +3126,166 @@ static void test_serve(void) {
     kvt_model_free(&m);
 }
 
+/* Swap to host and back is a copy: the cache after swap-in equals the cache
+ * before swap-out bit for bit (data and int8 scales), in other chunk ids; a
+ * chunk shared with another sequence stays where it was. */
+static void test_swap_roundtrip(void) {
+    kvt_config rc = {64, 128, 2, 4, 2, 256, 64};
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, rc, 8) == KVT_OK);
+    for (int dt = 0; dt < 3; dt++) {
+        kvt_options o;
+        kvt_options_default(&o);
+        o.device = KVT_CPU;
+        o.kv_dtype = (kvt_dtype)dt;
+        o.CH = 4;
+        o.n_chunks = 12;
+        o.swap_chunks = 4;
+        kvt_engine *e;
+        KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+        kvt_pool *p = kvt_engine_pool(e);
+        int toks[14], KVD = m.kv_dim;
+        for (int i = 0; i < 14; i++) toks[i] = (i * 37 + 5) % 256;
+        float *lg = (float *)kvt_malloc(256 * sizeof(float));
+        kvt_seq a, b, filler;
+        KVT_ASSERT(kvt_seq_init(e, &a) == KVT_OK && kvt_seq_init(e, &b) == KVT_OK && kvt_seq_init(e, &filler) == KVT_OK);
+        KVT_ASSERT(kvt_forward(e, &a, toks, 14, lg, 0) == KVT_OK);  /* chunks 0..3 */
+        KVT_ASSERT(kvt_forward(e, &b, toks, 9, lg, 0) == KVT_OK);   /* attaches a's first 2 chunks, takes 1 */
+        int T = a.len, n_pos = T * 2 * m.c.n_layers;
+        float *before = (float *)kvt_malloc((size_t)n_pos * KVD * sizeof(float)), *after = (float *)kvt_malloc((size_t)n_pos * KVD * sizeof(float));
+        for (int l = 0, k = 0; l < m.c.n_layers; l++)
+            for (int w = 0; w < 2; w++)
+                for (int t = 0; t < T; t++, k++) kvt_cache_read(e, &a, l, w, t, before + (size_t)k * KVD);
+        int old[8], shared = b.table[0] == a.table[0] && b.table[1] == a.table[1];
+        memcpy(old, a.table, (size_t)a.n_table * sizeof(int));
+        kvt_status st = kvt_seq_swap_out(e, &a);
+        int out_ok = st == KVT_OK && a.n_swapped == 2 && a.table[0] == old[0] && a.table[1] == old[1] &&
+                     a.table[2] <= -2 && a.table[3] <= -2 && kvt_pool_check(e, NULL, 0) == KVT_OK;
+        kvt_status fst = kvt_forward(e, &a, toks, 1, lg, 0);
+        /* the freed chunks go to another sequence, so swap-in must use other ids */
+        KVT_ASSERT(kvt_forward(e, &filler, toks + 1, 8, lg, 0) == KVT_OK);
+        st = kvt_seq_swap_in(e, &a);
+        int moved = st == KVT_OK && a.n_swapped == 0 && a.table[2] != old[2] && a.table[3] != old[3];
+        for (int l = 0, k = 0; l < m.c.n_layers && st == KVT_OK; l++)
+            for (int w = 0; w < 2; w++)
+                for (int t = 0; t < T; t++, k++) kvt_cache_read(e, &a, l, w, t, after + (size_t)k * KVD);
+        expect(shared && out_ok && fst == KVT_EARG && moved && !memcmp(before, after, (size_t)n_pos * KVD * sizeof(float)) &&
+               kvt_pool_check(e, NULL, 0) == KVT_OK && p->prefix_hash[a.table[2]] != 0,
+               "swap %s: out frees the 2 chunks only it holds (the 2 shared stay), a swapped sequence cannot run, in "
+               "puts them into chunks %d %d (were %d %d) and the cache reads back bit-exact, prefix hashes restored",
+               kvt_dtype_name((kvt_dtype)dt), a.table[2], a.table[3], old[2], old[3]);
+        /* a swapped sequence that is dropped gives its slots back */
+        KVT_ASSERT(kvt_seq_swap_out(e, &a) == KVT_OK);
+        kvt_seq_free(e, &a);
+        kvt_seq_free(e, &b);
+        kvt_seq_free(e, &filler);
+        expect(p->n_swap_free == p->n_swap && p->n_free == p->n_chunks, "swap %s: freeing a swapped-out sequence "
+               "frees its swap slots (%d of %d) and chunks (%d of %d)", kvt_dtype_name((kvt_dtype)dt), p->n_swap_free,
+               p->n_swap, p->n_free, p->n_chunks);
+        free(before); free(after); free(lg);
+        kvt_engine_free(e);
+    }
+    kvt_model_free(&m);
+}
+
+/* A prefix hash hit is confirmed against the holder's tokens: with the hash cut
+ * to 1 bit every full chunk collides, and nothing is shared unless the tokens
+ * match. A prompt equal to a live one, a multiple of CH long, still computes
+ * its last position (fresh logits); equal second chunks after different first
+ * chunks are never shared. */
+static void test_prefix_confirm(void) {
+    kvt_config rc = {64, 128, 2, 4, 2, 256, 64};
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, rc, 9) == KVT_OK);
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.CH = 4;
+    o.max_seqs = 4;
+    kvt_engine *e, *fresh;
+    kvt_options fo = o;
+    fo.prefix_reuse = 0;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK && kvt_engine_create(&fresh, &m, &fo) == KVT_OK);
+    int A[8] = {1, 10, 11, 12, 20, 21, 22, 23}, B[8] = {1, 50, 51, 52, 20, 21, 22, 23};
+    float *l1 = (float *)kvt_malloc(256 * sizeof(float)), *l2 = (float *)kvt_malloc(256 * sizeof(float));
+    kvt_seq a, b, c, f;
+    int old_bits = kvt_prefix_hash_bits;
+    kvt_prefix_hash_bits = 1;
+    KVT_ASSERT(kvt_seq_init(e, &a) == KVT_OK && kvt_seq_init(e, &b) == KVT_OK && kvt_seq_init(e, &c) == KVT_OK);
+    KVT_ASSERT(kvt_forward(e, &a, A, 8, l1, 0) == KVT_OK);
+    long col = kvt_engine_pool(e)->prefix_collisions;
+    int got_b = kvt_seq_attach(e, &b, B, 8);
+    KVT_ASSERT(kvt_forward(e, &b, B + got_b, 8 - got_b, l1, 0) == KVT_OK);
+    KVT_ASSERT(kvt_seq_init(fresh, &f) == KVT_OK && kvt_forward(fresh, &f, B, 8, l2, 0) == KVT_OK);
+    int same = !memcmp(l1, l2, 256 * sizeof(float));
+    expect(got_b == 0 && kvt_engine_pool(e)->prefix_collisions > col && same && b.table[1] != a.table[1],
+           "prefix reuse with a 1-bit hash: a colliding chunk with other tokens is refused (%ld collisions seen), "
+           "B's second chunk (equal to A's, after a different first) is its own, its logits equal a fresh run's",
+           kvt_engine_pool(e)->prefix_collisions - col);
+    int got_c = kvt_seq_attach(e, &c, A, 8);
+    KVT_ASSERT(kvt_forward(e, &c, A + got_c, 8 - got_c, l1, 0) == KVT_OK);
+    kvt_seq_reset(fresh, &f);
+    KVT_ASSERT(kvt_forward(fresh, &f, A, 8, l2, 0) == KVT_OK);
+    double d = 0, mx = 0;
+    for (int v = 0; v < 256; v++) { d = fmax(d, fabs(l1[v] - l2[v])); mx = fmax(mx, fabs(l2[v])); }
+    expect(got_c == 4 && c.table[0] == a.table[0] && c.table[1] != a.table[1] && d <= TOL_E2E * mx,
+           "prefix reuse: a prompt equal to a live one (8 = 2 chunks of 4) attaches %d positions, computes its "
+           "last chunk itself, logits within %.1e of a fresh run's", got_c, d / mx);
+    kvt_prefix_hash_bits = old_bits;
+    kvt_seq_free(e, &a); kvt_seq_free(e, &b); kvt_seq_free(e, &c); kvt_seq_free(fresh, &f);
+    free(l1); free(l2);
+    kvt_engine_free(e); kvt_engine_free(fresh);
+    kvt_model_free(&m);
+}
+
+/* --serve from the command line: a run, its log and summary, and bad input. */
+static void test_serve_cli(void) {
+    const char *R = "--random 64,2,4,2,128,512,128 --serve-clock steps -t 0";
+    char cmd[1024];
+    const char *tr = "# a comment\n0\t5\tids:1,2,3\n0\t6\tids:1,2,3,4,5,6,7,8,9,10\n\n3\t4\tids:7,8\n";
+    write_text(tmp_file("tr.tsv"), tr, strlen(tr));
+    snprintf(cmd, sizeof(cmd), "%s --serve @T/tr.tsv --serve-log @T/log.csv --serve-text @T/t.txt --chunk 4", R);
+    cli_expect(cmd, 1, "[serve] 3 requests, 15 output tokens");
+    size_t nb;
+    char *log = read_all(tmp_file("log.csv"), &nb), *txt = read_all(tmp_file("t.txt"), &nb);
+    int rows = 0, toks = 0;
+    for (char *l = log ? strchr(log, '\n') : NULL; l && l[1]; l = strchr(l + 1, '\n')) {
+        int id, pt, nt;
+        double a1, a2, a3, a4;
+        if (sscanf(l + 1, "%d,%lf,%lf,%lf,%lf,%d,%d", &id, &a1, &a2, &a3, &a4, &pt, &nt) == 7) { rows++; toks += nt; }
+    }
+    expect(log && txt && rows == 3 && toks == 15 && contains(log, "0,0.000,0.000,") && contains(log, ",3,5,max_new,") &&
+           contains(txt, "2\tids:"), "--serve-log: 3 rows, new tokens summing to the summary's 15; --serve-text: a line a "
+           "request");
+    free(log);
+    free(txt);
+    struct { const char *trace, *extra, *want; } bad[] = {
+        {"0\t5\n", "", "line 1: expected arrival_ms<TAB>max_new<TAB>prompt"},
+        {"# c\n0\tx\tids:1\n", "", "line 2: arrival_ms must be digits"},
+        {"5\t3\tids:1\n2\t3\tids:1\n", "", "line 2: arrival 2 ms is before the previous request's 5 ms"},
+        {"# nothing\n\n", "", "has no request"},
+        {"0\t0\tids:1\n", "", "line 1: arrival_ms must be digits (at most 10^9) and max_new digits in [1,"},
+        {"0\t3\thello\n", "", "a --random model has no tokenizer: give the prompt as ids:1,2,3"},
+        {"0\t3\tids:1,999\n", "", "line 1: --tokens: id 999 (item 2) is out of range"},
+        {"0\t30\tids:1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16\n", "--chunk 4 --chunks 5", "--chunks 5: too small for request 0"},
+        {"0\t3\tids:1\n", "--max-running 8 --max-batch-tokens 4", "--max-batch-tokens must be at least --max-running"},
+        {"0\t3\tids:1\n", "--fork 2", "--serve takes its prompts and lengths from the trace"},
+        {"0\t3\tids:1\n", "--serve-log @T/bad.tsv", "is the same file as the input --serve"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        write_text(tmp_file("bad.tsv"), bad[i].trace, strlen(bad[i].trace));
+        snprintf(cmd, sizeof(cmd), "%s --serve @T/bad.tsv %s", R, bad[i].extra);
+        cli_expect(cmd, 0, bad[i].want);
+    }
+    cli_expect("--random 64,2,4,2,128,512,128 --serve-log @T/x.csv", 0, "shape a --serve run: add --serve FILE");
+    write_text(tmp_file("long.tsv"), "0\t500\tids:1,2,3\n", 16);
+    snprintf(cmd, sizeof(cmd), "%s --serve @T/long.tsv --serve-log @T/long.csv", R);
+    cli_expect(cmd, 1, "[serve] 1 requests, 125 output tokens");
+    char *ll = read_all(tmp_file("long.csv"), &nb);
+    expect(ll && contains(ll, ",3,125,length,"), "--serve: max_new 500 on TMAX 128 is capped at 125 (finish: length)");
+    free(ll);
+}
+
 static void test_default_model(void) {
     kvt_model m;
     if (kvt_model_load(&m, "weights/model.bin") != KVT_OK) { skip("default model: weights/model.bin missing"); return; }
@@ -5231,12 +5391,15 @@ int main(int argc, char **argv) {
     test_sampler();
     test_default_model();
     test_serve();
+    test_swap_roundtrip();
+    test_prefix_confirm();
     test_hardening();
     test_outputs();
     test_kv_group_default();
     test_cli();
     test_cli_no_device();
     test_cli_trace();
+    test_serve_cli();
     test_dump_logits();
     test_chat_default_model();
     test_chat_random();
