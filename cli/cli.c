@@ -423,7 +423,7 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
          "running request decodes one row a step)"},
         {a->serve && cli_gave(a, "--swap-mb") && a->preempt == 0, "--swap-mb sizes the swap area of --preempt swap"},
         {a->serve && a->stop && !a->stop[0], "--stop needs a non-empty string"},
-        {a->serve && !a->o.kv_cache, "--serve runs with the cache (the no-cache baseline is bench/serve.sh's)"},
+        {a->serve && !a->o.kv_cache, "--serve runs with the cache: drop --kv-cache off"},
     };
     for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
         if (rules[i].bad) { kvt_fail(KVT_EARG, "%s", rules[i].why); return 0; }

@@ -282,7 +282,7 @@ static kvt_status serve_run(kvt_engine *e, const kvt_tokenizer *tk, sv_req *q, i
         kvt_sampler_init(&q[i].smp, V, (float)temperature, (float)topp, (uint64_t)(seed + q[i].id));
         q[i].admitted = q[i].first = q[i].finish = -1;
     }
-    long hits0 = p->prefix_hits, col0 = p->prefix_collisions;
+    long col0 = p->prefix_collisions;
     double now = 0, swap0 = p->t_swap_out + p->t_swap_in;
     long out0 = p->swap_out_chunks, in0 = p->swap_in_chunks;
     if (c->trace) {
@@ -438,7 +438,6 @@ static kvt_status serve_run(kvt_engine *e, const kvt_tokenizer *tk, sv_req *q, i
     c->swap_out_bytes = cb * (double)(p->swap_out_chunks - out0);
     c->swap_in_bytes = cb * (double)(p->swap_in_chunks - in0);
     c->t_swap = p->t_swap_out + p->t_swap_in - swap0;
-    (void)hits0;
     free(batch); free(who); free(ntok); free(tokens); free(logits); free(live);
     return st;
 }
