@@ -106,7 +106,7 @@ SUITES = test test-gpu-sizes test-asan test-valgrind nvcc-test gpu-check-dry wal
   exercises-selftest fuzz bughunt
 $(SUITES): export OMP_WAIT_POLICY ?= passive
 
-.PHONY: ppl all run smollm2 test test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest bughunt nvcc-check gpu-check clean deps
+.PHONY: ppl all run smollm2 test test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest refresh-patches bughunt nvcc-check gpu-check clean deps
 
 all: deps kvt
 
@@ -327,6 +327,11 @@ exercise: deps
 # (exercises/selftest.sh says which; BASE=<commit> names it).
 exercises-selftest:
 	BASE='$(BASE)' bash exercises/selftest.sh
+
+# After a change to the files the patches touch: carry every exercise and bug
+# patch from OLD (a commit where they all applied) onto the working tree.
+refresh-patches:
+	OLD='$(OLD)' bash exercises/refresh.sh
 
 # Bug hunts (exercises/bugs/hunt.sh): bug N applied to a copy of the committed
 # tree in a scratch folder, built there (kvt-debug -O0 -g; kvt, test_kvt -O1 -g),
