@@ -56,10 +56,11 @@ for p in exercises/1-*.patch exercises/[2-5]-*.patch exercises/wrong/*.patch exe
     if ! git merge-file -q "$work/m/$f" "$work/a/$f" "$work/b/$f"; then
       # Most conflicts here are two insertions at one place (a flag added
       # where the patch adds one): --union keeps both, today's lines first.
-      # Anything else needs a person.
+      # Anything else comes out wrong (a line the patch deletes survives, a
+      # line the tree changed appears twice) and needs a person.
       cp "$work/ours" "$work/m/$f"
       git merge-file -q --union "$work/m/$f" "$work/a/$f" "$work/b/$f"
-      echo "refresh-patches: $p: $f: a conflict, merged by keeping both sides; read the new patch before you commit it"
+      echo "refresh-patches: $p: $f: a conflict, merged by keeping both sides: right for two insertions, wrong for anything else; read the new patch, then make exercises-selftest"
     fi
   done
   if [ $ok = 1 ]; then
