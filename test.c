@@ -3284,6 +3284,38 @@ static void test_serve_cli(void) {
     char *ll = read_all(tmp_file("long.csv"), &nb);
     expect(ll && contains(ll, ",3,125,length,"), "--serve: max_new 500 on TMAX 128 is capped at 125 (finish: length)");
     free(ll);
+
+    /* --stop on the default model: each request run alone (--max-running 1, so
+     * its rows are the same in both runs) must write the text of a run without
+     * --stop, cut before the first blank line, and end with reason stop. */
+    FILE *mf = fopen("weights/model.bin", "rb");
+    if (!mf) { skip("--serve --stop: weights/model.bin missing"); return; }
+    fclose(mf);
+    const char *st = "0\t150\tROMEO:\\n\n0\t150\tJULIET:\\n\n1\t150\tKING RICHARD II:\\n\n";
+    write_text(tmp_file("stop.tsv"), st, strlen(st));
+    cli_expect("--serve @T/stop.tsv -t 0 --serve-clock steps --max-running 1 --serve-text @T/full.txt", 1,
+               "[serve] 3 requests, 450 output tokens");
+    cli_expect("--serve @T/stop.tsv -t 0 --serve-clock steps --max-running 1 --stop '\\n\\n' --serve-text "
+               "@T/cut.txt --serve-log @T/cut.csv", 1, "[serve] 3 requests");
+    char *full = read_all(tmp_file("full.txt"), &nb), *cut = read_all(tmp_file("cut.txt"), &nb);
+    char *clog = read_all(tmp_file("cut.csv"), &nb);
+    int same = full && cut && clog, stops = 0;
+    for (char *f = full, *c = cut; same && *f && *c;) { /* line by line: id<TAB>escaped text */
+        size_t fl = strcspn(f, "\n"), cl = strcspn(c, "\n");
+        char *blank = strstr(f, "\\n\\n"); /* escaped: a backslash-n twice */
+        size_t want = blank && (size_t)(blank - f) < fl ? (size_t)(blank - f) : fl;
+        same = cl == want && !strncmp(f, c, cl);
+        stops += want < fl;
+        f += fl + (f[fl] == '\n');
+        c += cl + (c[cl] == '\n');
+    }
+    int nstop = 0;
+    for (char *l = clog; l && (l = strstr(l, ",stop,")); l++) nstop++;
+    expect(same && stops == 3 && nstop == 3, "--serve --stop '\\n\\n', default model: each text is the text without "
+           "--stop cut before its first blank line (%d of 3 cut, %d of 3 logged as stop)", stops, nstop);
+    free(full);
+    free(cut);
+    free(clog);
 }
 
 static void test_default_model(void) {

@@ -127,7 +127,7 @@ static void usage(FILE *f) {
         "                          (1 ms + 0.1 ms a row: the same schedule on every machine)\n"
         "  --serve-log FILE        --serve: a CSV row per request (times, tokens, finish, preemptions)\n"
         "  --serve-text FILE       --serve: id<TAB>generated text per request (\\n \\t \\\\ escaped)\n"
-        "  --stop STR              --serve: a request ends when its text contains STR\n"
+        "  --stop STR              --serve: a request ends when its text contains STR (\\n \\t \\\\ escapes)\n"
         "                          (--serve's pool, --chunks: default a quarter of --max-running full\n"
         "                          contexts, and room for the largest request)\n"
         "  -h, --help              this text\n"
@@ -423,6 +423,8 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
          "running request decodes one row a step)"},
         {a->serve && cli_gave(a, "--swap-mb") && a->preempt == 0, "--swap-mb sizes the swap area of --preempt swap"},
         {a->serve && a->stop && !a->stop[0], "--stop needs a non-empty string"},
+        {a->serve && a->stop && a->random, "--stop matches text, and a --random model has no tokenizer: end "
+         "requests by max_new"},
         {a->serve && !a->o.kv_cache, "--serve runs with the cache: drop --kv-cache off"},
     };
     for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)

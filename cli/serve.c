@@ -536,9 +536,15 @@ static void sv_write_text(FILE *f, const kvt_tokenizer *tk, const sv_req *q, int
  * Every check comes before the engine is made; the outputs are opened before
  * the run (an unwritable path fails at once) and written after it. */
 static int run_serve(kvt_model *m, const kvt_tokenizer *tk, kvt_cli *a) {
+    char *stop = a->stop ? strdup(a->stop) : NULL; /* --stop '\n\n': the trace's escapes */
+    if (a->stop && !stop) return (kvt_fail(KVT_ENOMEM, "host out of memory (--stop)"), cli_fail(""));
+    if (stop && !sv_unescape(stop)) {
+        free(stop);
+        return (kvt_fail(KVT_EARG, "--stop: a backslash escape other than \\n, \\t, \\\\"), cli_fail(""));
+    }
     sv_req *q = NULL;
     int n = sv_read_trace(a->serve, tk, m, &q), TMAX = m->c.seq_len, CH = a->o.CH, rc = 1, most = 0, worst = 0;
-    if (n < 0) return cli_fail("");
+    if (n < 0) { free(stop); return cli_fail(""); }
     for (int i = 0; i < n; i++) { /* positions cached at most: the prompt and all but the last token */
         int need = kvt_cdiv(q[i].n_prompt + q[i].max_new - 1, CH);
         if (need > most) { most = need; worst = i; }
@@ -577,12 +583,12 @@ static int run_serve(kvt_model *m, const kvt_tokenizer *tk, kvt_cli *a) {
     c.watermark = a->watermark;
     c.swap = a->preempt == 1;
     c.clock_steps = a->serve_clock == 1;
-    c.stop = a->stop;
+    c.stop = stop;
     c.trace = a->tracef;
     if (st == KVT_OK) st = serve_run(e, tk, q, n, &c, a->temperature, a->topp, a->seed);
     if (st == KVT_OK) {
         if (log) sv_write_log(log, q, n);
-        if (txt) sv_write_text(txt, tk, q, n, a->stop);
+        if (txt) sv_write_text(txt, tk, q, n, stop);
         sv_summary(stderr, e, q, n, &c);
         if (a->stats) print_stats(e, NULL, 0);
         rc = 0;
@@ -592,5 +598,6 @@ static int run_serve(kvt_model *m, const kvt_tokenizer *tk, kvt_cli *a) {
     if (cli_close(txt, "--serve-text", a->serve_text, KVT_OK) != KVT_OK) rc = cli_fail("");
     kvt_engine_free(e);
     sv_free(q, n);
+    free(stop);
     return rc;
 }
