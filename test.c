@@ -2371,6 +2371,10 @@ static void test_hardening(void) {
         memset(text + k, 'a', big);
         text[k + big] = '\n';
         write_text(tmp_file("prompts.txt"), text, (size_t)k + big + 1);
+        cli_expect("--prompts @T/prompts.txt -n 1", 0, "--prompts '@T/prompts.txt' line 3: longer than 4160 bytes, "
+                   "more than the context can hold"); /* 8 bytes a token at most, 512 tokens: refused unread */
+        text[k + 600] = '\n';
+        write_text(tmp_file("prompts.txt"), text, (size_t)k + 601);
         cli_expect("--prompts @T/prompts.txt -n 1", 0, "line 3: the text is");
         write_text(tmp_file("prompts.txt"), "ROMEO:\nJU\0LIET:\n", 15);
         cli_expect("--prompts @T/prompts.txt -n 1", 0, "line 2: a NUL byte");
@@ -3284,6 +3288,45 @@ static void test_serve_cli(void) {
     char *ll = read_all(tmp_file("long.csv"), &nb);
     expect(ll && contains(ll, ",3,125,length,"), "--serve: max_new 500 on TMAX 128 is capped at 125 (finish: length)");
     free(ll);
+
+    /* The summary's time-weighted figures, recomputed from the --trace file:
+     * under the steps clock a step of r rows lasts 1 + 0.1 r ms; after it, the
+     * pool holds each resident sequence's len positions (no chunk is shared
+     * with prefix reuse off), a swapped-out one none. */
+    snprintf(cmd, sizeof(cmd), "%s --serve bench/serve_random.tsv --chunk 8 --chunks 24 --preempt swap --prefix-cache "
+             "off --trace @T/serve.trace", R);
+    char sumout[4096];
+    int src = cli_run(cmd, sumout, sizeof(sumout));
+    char *tr2 = read_all(tmp_file("serve.trace"), &nb);
+    double w_used = 0, w_run = 0, clock = 0, dt = 0, got_util = -1, got_run = -1;
+    long used = 0;
+    int run = 0, steps = 0, swapped_seen = 0, in_step = 0;
+    for (char *l = tr2; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        double at;
+        int pr, de, len;
+        if (sscanf(l, "== step %*d at %lf ms: %*[^;]; rows: prefill %d, decode %d", &at, &pr, &de) == 3) {
+            dt = 1.0 + 0.1 * (pr + de);
+            clock = at + dt;
+            used = 0, run = 0, in_step = 1, steps++;
+        } else if (in_step && !strncmp(l, "seq ", 4) && sscanf(strstr(l, "] len "), "] len %d", &len) == 1) {
+            int out = !strncmp(l + strcspn(l, "\n") - 13, "(swapped out)", 13);
+            swapped_seen += out;
+            if (!out) { used += len; run++; }
+        } else if (in_step && !strncmp(l, "totals:", 7)) {
+            w_used += dt * (double)used / (24.0 * 8);
+            w_run += dt * run;
+            in_step = 0;
+        }
+    }
+    const char *u = strstr(sumout, "mean utilization "), *rm = strstr(sumout, "running: peak ");
+    if (u) sscanf(u, "mean utilization %lf%%", &got_util);
+    if (rm) sscanf(rm, "running: peak %*d, mean %lf", &got_run);
+    double want_util = clock > 0 ? 100.0 * w_used / clock : 0, want_run = clock > 0 ? w_run / clock : 0;
+    expect(src == 0 && steps > 10 && swapped_seen > 0 && fabs(got_util - want_util) <= 0.051 &&
+           fabs(got_run - want_run) <= 0.0051, "--serve summary vs its --trace (%d steps, swaps seen %d): mean "
+           "utilization %.1f%% (recomputed %.3f%%), mean running %.2f (recomputed %.4f)", steps, swapped_seen, got_util,
+           want_util, got_run, want_run);
+    free(tr2);
 
     /* --stop on the default model: each request run alone (--max-running 1, so
      * its rows are the same in both runs) must write the text of a run without
@@ -4827,6 +4870,20 @@ static void test_chat_limits(void) {
                "--chat: turn 2 (a line of token ids): --tokens 'x,1': item 1 is not a token id");
     write_text(tmp_file("bad.txt"), "ROMEO\xc3\xa9\n", 8);
     cli_expect("--chat -n 2 < @T/bad.txt", 0, "--chat: turn 1: text: character");
+    /* a first turn that cannot fit is an error: nothing was answered */
+    char *long_turn = (char *)kvt_malloc(5000);
+    memset(long_turn, 'a', 5000);
+    long_turn[599] = '\n';
+    write_text(tmp_file("bad.txt"), long_turn, 600);
+    cli_expect("--chat -n 2 < @T/bad.txt", 0, "--chat: turn 1 is 601 positions and the context holds 512: nothing can "
+               "be answered");
+    long_turn[599] = 'a';
+    write_text(tmp_file("bad.txt"), long_turn, 5000); /* no newline, longer than any turn that fits */
+    cli_expect("--chat -n 2 < @T/bad.txt", 0, "--chat: standard input line 1: longer than 4160 bytes");
+    memset(long_turn, 0, 5000); /* /dev/zero's kind of input: refused at its first byte */
+    write_text(tmp_file("bad.txt"), long_turn, 5000);
+    cli_expect("--chat -n 2 < @T/bad.txt", 0, "--chat: standard input line 1: a NUL byte");
+    free(long_turn);
     cli_expect("--chat --fork 2", 0, "--chat is a conversation in one sequence: drop --prompts, --fork");
     cli_expect("--chat --tokens 1,2", 0, "--chat reads its turns from standard input");
     cli_expect("--template zephyr", 0, "--template and -y/--system shape a conversation: add --chat");

@@ -83,7 +83,8 @@ static void usage(FILE *f) {
         "  -p, --topp F            nucleus sampling threshold in (0, 1] (default 0.9)\n"
         "  -s, --seed N            sampling seed (default 42)\n"
         "  --chat, --mode chat     a conversation: a turn per line of stdin (the first may be -i) in one cached\n"
-        "                          sequence (--mode generate: one prompt, the default)\n"
+        "                          sequence (--mode generate: one prompt, the default); a full context ends it\n"
+        "                          with exit 0, unless not even turn 1 fits (exit 1)\n"
         "  --template llama2|zephyr|plain|chatml   --chat: [INST] ... [/INST] (llama2.c's), <|user|> ... (TinyLlama),\n"
         "                          the text as is, <|im_start|>user ... (SmolLM2, Qwen) (default: chatml when the\n"
         "                          vocabulary has <|im_start|>, else llama2 with byte fallback, else plain)\n"
@@ -1144,18 +1145,55 @@ static void chat_turn_stats(const kvt_engine *e, const kvt_chat *c, int turn, in
     }
 }
 
-/* A line as getline read it (len bytes): its "\n" and then one "\r" before it
- * (a CRLF file) come off; a CR anywhere else is part of the line. */
+/* A line as read (len bytes): its "\n" and then one "\r" before it (a CRLF
+ * file) come off; a CR anywhere else is part of the line. */
 static void line_end(char *s, size_t len) {
     if (len > 0 && s[len - 1] == '\n') s[--len] = '\0';
     if (len > 0 && s[len - 1] == '\r') s[--len] = '\0';
+}
+/* The next line of f into *buf (grown as needed, *cap bytes), its end taken
+ * off, *line counting lines. Returns 1 with a line, 0 at the end of the file,
+ * -1 with the message set: a NUL byte (it would cut the line short unseen), a
+ * line longer than max bytes (more than the context can hold: refused before
+ * it fills memory), or a read error (ferror: told apart from the end). */
+static int next_line(FILE *f, char **buf, size_t *cap, size_t max, long *line, const char *what) {
+    size_t len = 0;
+    int ch = EOF;
+    ++*line;
+    while ((ch = getc(f)) != EOF) {
+        if (ch == '\0') return (kvt_fail(KVT_EARG, "%s line %ld: a NUL byte", what, *line), -1);
+        if (len + 2 > *cap) {
+            size_t nc = *cap ? 2 * *cap : 256;
+            char *nb = (char *)realloc(*buf, nc);
+            if (!nb) return (kvt_fail(KVT_ENOMEM, "%s line %ld: host out of memory", what, *line), -1);
+            *buf = nb;
+            *cap = nc;
+        }
+        (*buf)[len++] = (char)ch;
+        if (ch == '\n') break;
+        if (len > max + 1) /* + 1: a CR before the newline */
+            return (kvt_fail(KVT_EARG, "%s line %ld: longer than %zu bytes, more than the context can hold", what,
+                             *line, max), -1);
+    }
+    if (ch == EOF && ferror(f)) return (kvt_fail(KVT_EIO, "%s: a read failed: %s", what, strerror(errno)), -1);
+    if (ch == EOF && len == 0) return (--*line, 0);
+    (*buf)[len] = '\0';
+    line_end(*buf, len);
+    return 1;
+}
+/* The most bytes a line of text can take and still fit TMAX tokens: each
+ * token is at most max_token_length bytes, an id of ids:1,2,3 at most 8. */
+static size_t line_max(const kvt_tokenizer *tk, int TMAX) {
+    size_t per = tk && tk->max_token_length > 8 ? (size_t)tk->max_token_length : 8;
+    return per * (size_t)TMAX + 64;
 }
 
 /* The conversation: read a turn, append it, prefill it, sample the reply into
  * the transcript until the end marker, -n tokens or the context, feed the
  * reply's last token (so the cache holds the whole transcript when the next
  * turn comes), repeat until the input ends. A context that is full ends the
- * conversation with one line, exit status 0: what fit was answered. */
+ * conversation with one line, exit status 0: what fit was answered; a first
+ * turn that does not fit is an error (exit 1: nothing was). */
 static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cli *a) {
     int V = m->c.vocab_size, TMAX = m->c.seq_len, tty = isatty(STDIN_FILENO), first_given = cli_gave(a, "-i");
     kvt_chat c;
@@ -1214,20 +1252,19 @@ static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cl
     kvt_seq_init(e, &s);
     char *line = NULL;
     size_t line_cap = 0;
+    long line_no = 0;
     int turn = 0, full = 0;
     long all_computed = 0;
     while (st == KVT_OK && !full) {
         const char *text = a->prompt;
         if (turn > 0 || !first_given) {
             if (tty) { printf("User: "); fflush(stdout); }
-            ssize_t got = getline(&line, &line_cap, stdin);
-            if (got < 0) {
-                if (ferror(stdin)) st = kvt_fail(KVT_EIO, "--chat: reading standard input failed: %s", strerror(errno));
+            int got = next_line(stdin, &line, &line_cap, line_max(tk, TMAX), &line_no, "--chat: standard input");
+            if (got < 0) { st = KVT_EARG; break; }
+            if (got == 0) {
                 if (tty) printf("\n"); /* after the prompt */
                 break; /* the end of the input: the conversation is over */
             }
-            if ((size_t)got != strlen(line)) { st = kvt_fail(KVT_EARG, "--chat: turn %d: a NUL byte", turn + 1); break; }
-            line_end(line, (size_t)got);
             if (!line[0]) continue; /* an empty line is no turn */
             text = line;
         }
@@ -1238,6 +1275,11 @@ static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cl
             char msg[sizeof(kvt_errbuf)];
             snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
             st = kvt_fail(st, "--chat: turn %d%s: %s", turn + 1, tk ? "" : " (a line of token ids)", msg);
+            break;
+        }
+        if (c.n + nt > c.room && turn == 0) { /* nothing was answered: an error, not an end */
+            st = kvt_fail(KVT_ECONTEXT, "--chat: turn 1 is %d positions and the context holds %d%s: nothing can be "
+                          "answered", nt, c.room, c.room < TMAX ? " (--chunks)" : "");
             break;
         }
         if (c.n + nt > c.room) {
@@ -1324,9 +1366,9 @@ static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cl
     return rc;
 }
 
-/* Read --prompts: one prompt per non-empty line, each encoded with BOS. Lines
- * may be of any length (getline); a NUL byte inside a line is refused (it
- * would cut the prompt short unseen); errors name the file's line number.
+/* Read --prompts: one prompt per non-empty line, each encoded with BOS. A line
+ * too long for the context, or with a NUL byte, is refused (next_line);
+ * errors name the file's line number.
  * Returns the count; on an error -(prompts read + 2), so the caller can free
  * what was read (-1: nothing was). */
 static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int ***prompts, int **np) {
@@ -1334,19 +1376,13 @@ static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int
     *prompts = NULL;
     *np = NULL;
     if (kvt_open_read(&f, path, "--prompts file") != KVT_OK) return -1;
-    char *text = NULL;
+    char *text = NULL, what[320];
     size_t text_cap = 0;
-    ssize_t got;
     long line = 0;
-    int n = 0, cap = 0, bad = 0;
-    while (!bad && (got = getline(&text, &text_cap, f)) != -1) { /* bad: an error ended the last line */
-        line++;
-        if ((size_t)got != strlen(text)) {
-            kvt_fail(KVT_EARG, "--prompts '%s' line %ld: a NUL byte", path, line);
-            bad = 1;
-            break;
-        }
-        line_end(text, (size_t)got);
+    int n = 0, cap = 0, bad = 0, got;
+    snprintf(what, sizeof(what), "--prompts '%s'", path);
+    while (!bad && (got = next_line(f, &text, &text_cap, line_max(tk, TMAX), &line, what)) != 0) {
+        if (got < 0) { bad = 1; break; }
         if (!text[0]) continue;
         if (n == KVT_MAX_SEQS) {
             kvt_fail(KVT_EARG, "--prompts '%s' line %ld: more than %d prompts (one batch holds at most %d sequences)",
@@ -1370,7 +1406,6 @@ static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int
             bad = 1;
         }
     }
-    if (!bad && ferror(f)) { kvt_fail(KVT_EIO, "cannot read --prompts file '%s': %s", path, strerror(errno)); bad = 1; }
     free(text);
     fclose(f);
     if (!bad && n == 0) { kvt_fail(KVT_EARG, "--prompts: '%s' has no non-empty line", path); bad = 1; }

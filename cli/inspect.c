@@ -96,7 +96,8 @@ static double pool_bits_per_value(const kvt_pool *p) {
 }
 void kvt_cache_usage_of(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs, kvt_cache_usage *u) {
     kvt_pool *p = &e->pool;
-    int *fill = (int *)calloc((size_t)p->n_chunks, sizeof(int)); /* positions written into each chunk */
+    /* 1 + the positions written into each chunk; 0: held by none of seqs */
+    int *fill = (int *)calloc((size_t)p->n_chunks, sizeof(int));
     KVT_ASSERT(fill);
     long tables = 0;
     for (int i = 0; i < n_seqs; i++) {
@@ -105,13 +106,13 @@ void kvt_cache_usage_of(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs, k
         for (int j = 0; j < s->n_table; j++) {
             if (s->table[j] < 0) { tables--; continue; } /* swapped out: holds no chunk of the pool */
             int f = s->len - j * p->CH < p->CH ? s->len - j * p->CH : p->CH;
-            if (f < 1) f = 1; /* reserved, not yet written: still counts as held */
-            if (f > fill[s->table[j]]) fill[s->table[j]] = f;
+            if (f < 0) f = 0; /* reserved, not yet written (--serve admits a whole prompt): held, empty */
+            if (f + 1 > fill[s->table[j]]) fill[s->table[j]] = f + 1;
         }
     }
     memset(u, 0, sizeof(*u));
     for (int c = 0; c < p->n_chunks; c++)
-        if (fill[c]) { u->chunks_used++; u->slots_unused += p->CH - fill[c]; }
+        if (fill[c]) { u->chunks_used++; u->slots_unused += p->CH - (fill[c] - 1); }
     free(fill);
     u->bits_per_value = pool_bits_per_value(p);
     double chunk_bytes = (double)p->chunk_elems * u->bits_per_value / 8.0;
