@@ -220,7 +220,12 @@ test-valgrind: deps
 	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
 	$(VALGRIND) ./kvt-valgrind --random 64,2,4,2,128,100,128 --prompt-tokens 40 --fork 3 -n 10 --chunk 4 --stats \
 	  --trace $$d/trace.txt && \
-	$(VALGRIND) ./kvt-valgrind --tokens 1,22,56 -n 3 -t 0 --kv-cache off --dump-logits $$d/logits.f32 --dump-tokens $$d/ids.txt
+	$(VALGRIND) ./kvt-valgrind --tokens 1,22,56 -n 3 -t 0 --kv-cache off --dump-logits $$d/logits.f32 --dump-tokens $$d/ids.txt && \
+	$(VALGRIND) ./kvt-valgrind --random 64,2,4,2,128,512,128 --serve bench/serve_demo.tsv --serve-clock steps -t 0 \
+	  --chunk 4 --chunks 5 --serve-watermark 0 --preempt swap --trace $$d/serve.txt --serve-log $$d/serve.csv \
+	  --serve-text $$d/text.txt && \
+	head -n 5 bench/serve_chat.tsv > $$d/chat.tsv && \
+	$(VALGRIND) ./kvt-valgrind --serve $$d/chat.tsv --stop '\n\n' -t 0 --chunks 30 --max-running 4 2> /dev/null
 	$(VALGRIND) ./kvt-valgrind --bogus; test $$? = 1
 	@echo "[make] valgrind: no errors, no definitely lost bytes"
 
