@@ -3046,6 +3046,49 @@ static void test_serve(void) {
     expect(sv_sum(q, n, 0) >= 5 && c.recomputed > 0, "serve recompute: %ld preemptions by recompute (>= 5), %ld "
            "positions recomputed", sv_sum(q, n, 0), c.recomputed);
     sv_free(q, n);
+    /* --serve-policy reserve: prompt + max_new reserved at admission, so a
+     * running request never lacks a chunk: no preemption on the same trace */
+    q = sv_make_trace(n, &m, NULL, 1);
+    sv_cfg_init(&c, 8, 32, 0);
+    c.policy = SV_RESERVE;
+    sv_run_checked(&m, NULL, &o, q, n, &c, TOL_E2E, "random model, --serve-policy reserve");
+    expect(sv_sum(q, n, 0) == 0 && c.recomputed == 0, "serve reserve: %ld preemptions (0), %ld positions recomputed",
+           sv_sum(q, n, 0), c.recomputed);
+    sv_free(q, n);
+    /* static: a batch is admitted only when the previous one has finished */
+    q = sv_make_trace(n, &m, NULL, 1);
+    sv_cfg_init(&c, 8, 32, 0);
+    c.policy = SV_STATIC;
+    sv_run_checked(&m, NULL, &o, q, n, &c, TOL_E2E, "random model, --serve-policy static");
+    int order = 1, big = 0;
+    for (int i = 0; i < n; i++) {
+        int size = 0;
+        for (int j = 0; j < n; j++) {
+            size += q[j].batch == q[i].batch;
+            if (q[i].batch < q[j].batch) order &= q[j].admitted >= q[i].finish;
+        }
+        big = size > big ? size : big;
+        order &= q[i].batch >= 1 && q[i].preempts == 0;
+    }
+    expect(order && big >= 2 && c.batches >= 2, "serve static: %d batches, the largest %d requests; each batch admitted "
+           "after every request of the earlier ones finished, none preempted", c.batches, big);
+    sv_free(q, n);
+    /* --kv-cache off: after each token a request drops its cache and prefills
+     * its whole history again, so after its k-th token (k < n_out) it
+     * recomputes n_prompt + k - 1 positions; the logits still match solo runs */
+    int nn = 10;
+    q = sv_make_trace(nn, &m, NULL, 2);
+    sv_cfg_init(&c, 8, 32, 0);
+    c.nocache = 1;
+    kvt_options on = o;
+    on.prefix_reuse = 0;
+    sv_run_checked(&m, NULL, &on, q, nn, &c, TOL_E2E, "random model, --kv-cache off");
+    long want = 0;
+    for (int i = 0; i < nn; i++)
+        for (int k = 1; k < q[i].n_out; k++) want += q[i].n_prompt + k - 1;
+    expect(c.recomputed == want && sv_sum(q, nn, 0) == 0, "serve --kv-cache off: %ld positions recomputed (by hand: "
+           "%ld), %ld preemptions (0)", c.recomputed, want, sv_sum(q, nn, 0));
+    sv_free(q, nn);
     /* swap, with room for everything swapped */
     o.swap_chunks = 64;
     q = sv_make_trace(n, &m, NULL, 1);
@@ -3275,6 +3318,7 @@ static void test_serve_cli(void) {
         {"0\t3\tids:1\n", "--max-running 8 --max-batch-tokens 4", "--max-batch-tokens must be at least --max-running"},
         {"0\t3\tids:1\n", "--fork 2", "--serve takes its prompts and lengths from the trace"},
         {"0\t3\tids:1\n", "--serve-log @T/bad.tsv", "is the same file as the input --serve"},
+        {"0\t3\tids:1\n", "--kv-cache off --serve-policy reserve", "--serve --kv-cache off recomputes every history"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         write_text(tmp_file("bad.tsv"), bad[i].trace, strlen(bad[i].trace));

@@ -124,6 +124,10 @@ static void usage(FILE *f) {
         "  --preempt recompute|swap  --serve: what a preempted request gives up (default recompute)\n"
         "  --swap-mb F             --preempt swap: host swap area in MB (default 64; full: recompute)\n"
         "  --serve-watermark W     --serve: free chunks kept for growth when admitting (default 1)\n"
+        "  --serve-policy continuous|reserve|static  --serve: admission reserves the prompt's chunks\n"
+        "                          (default), or prompt + max_new (Orca), and static also waits for the\n"
+        "                          whole batch to finish before it admits again. With --kv-cache off a\n"
+        "                          request drops its cache after every token and prefills its history again\n"
         "  --serve-clock measured|steps  --serve: measured step times, or a stated cost per step\n"
         "                          (1 ms + 0.1 ms a row: the same schedule on every machine)\n"
         "  --serve-log FILE        --serve: a CSV row per request (times, tokens, finish, preemptions)\n"
@@ -222,7 +226,7 @@ typedef struct {
     int attn_next;         /* --dump-attn writes rows at positions >= this (earlier ones are in the file) */
     /* --serve (cli/serve.c) */
     const char *serve, *serve_log, *serve_text, *stop;
-    int max_running, max_batch, preempt, serve_clock, watermark;
+    int max_running, max_batch, preempt, serve_clock, watermark, policy;
     double swap_mb;
 } kvt_cli;
 
@@ -244,6 +248,7 @@ static const char *const arg_onoff[] = {"off", "on", NULL}, *const arg_dtypes[] 
                                                  "matmul", NULL},
                          *const arg_preempts[] = {"recompute", "swap", NULL},
                          *const arg_clocks[] = {"measured", "steps", NULL},
+                         *const arg_policies[] = {"continuous", "reserve", "static", NULL}, /* SV_* order */
                          *const arg_modes[] = {"generate", "chat", NULL}, *const arg_templates[] = {"llama2", "zephyr",
                                                                                                   "plain", "chatml", NULL};
 enum chat_tpl { TPL_LLAMA2, TPL_ZEPHYR, TPL_PLAIN, TPL_CHATML }; /* arg_templates' order */
@@ -297,6 +302,7 @@ static const cli_flag cli_flags[] = {
     {"--max-batch-tokens", NULL, ARG_INT, AT(max_batch), 1, KVT_MAX_ROWS, NULL},
     {"--preempt", NULL, ARG_CHOICE, AT(preempt), 0, 0, arg_preempts},
     {"--serve-clock", NULL, ARG_CHOICE, AT(serve_clock), 0, 0, arg_clocks},
+    {"--serve-policy", NULL, ARG_CHOICE, AT(policy), 0, 0, arg_policies},
     {"--serve-watermark", NULL, ARG_INT, AT(watermark), 0, KVT_LIMIT_CHUNKS, NULL},
     {"--swap-mb", NULL, ARG_FLOAT, AT(swap_mb), 0, 1e6, NULL},
 };
@@ -417,16 +423,17 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
          "--check, -i, --tokens, -n and the --dump flags"},
         {!a->serve && (a->serve_log || a->serve_text || a->stop || cli_gave(a, "--max-running") ||
                        cli_gave(a, "--max-batch-tokens") || cli_gave(a, "--preempt") || cli_gave(a, "--serve-clock") ||
-                       cli_gave(a, "--serve-watermark") || cli_gave(a, "--swap-mb")),
+                       cli_gave(a, "--serve-policy") || cli_gave(a, "--serve-watermark") || cli_gave(a, "--swap-mb")),
          "--serve-log, --serve-text, --stop, --max-running, --max-batch-tokens, --preempt, --serve-clock, "
-         "--serve-watermark and --swap-mb shape a --serve run: add --serve FILE"},
+         "--serve-policy, --serve-watermark and --swap-mb shape a --serve run: add --serve FILE"},
         {a->serve && a->max_batch < a->max_running, "--max-batch-tokens must be at least --max-running (every "
          "running request decodes one row a step)"},
         {a->serve && cli_gave(a, "--swap-mb") && a->preempt == 0, "--swap-mb sizes the swap area of --preempt swap"},
         {a->serve && a->stop && !a->stop[0], "--stop needs a non-empty string"},
         {a->serve && a->stop && a->random, "--stop matches text, and a --random model has no tokenizer: end "
          "requests by max_new"},
-        {a->serve && !a->o.kv_cache, "--serve runs with the cache: drop --kv-cache off"},
+        {a->serve && !a->o.kv_cache && (a->policy || a->preempt),
+         "--serve --kv-cache off recomputes every history each step: drop --serve-policy and --preempt"},
     };
     for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
         if (rules[i].bad) { kvt_fail(KVT_EARG, "%s", rules[i].why); return 0; }

@@ -41,7 +41,8 @@ typedef struct {
     int n_prompt, n_out;
     int state;         /* SV_* */
     kvt_seq seq;       /* live while running or swapped */
-    int reserve;       /* chunks its prefill will still take (reserved at admission) */
+    int reserve;       /* chunks its rows will still take (reserved at admission) */
+    int batch;         /* --serve-policy static: the batch it was admitted with (1, 2, ...) */
     int rows;          /* rows it gets in this step's call */
     double admitted, first, finish; /* ms; -1 until then */
     int preempts, swaps, reused;    /* preemptions (both kinds), swap-outs, prefix positions attached */
@@ -51,8 +52,17 @@ typedef struct {
     kvt_sampler smp;
 } sv_req;
 
+/* --serve-policy: what admission reserves, and when it may admit */
+enum { SV_CONTINUOUS, SV_RESERVE, SV_STATIC };
+
 typedef struct {
     int max_running, max_batch, watermark, swap, clock_steps;
+    int policy;                  /* SV_CONTINUOUS: the prompt's chunks at admission, the rest as positions
+                                  * arrive; SV_RESERVE: prompt + max_new at admission (Orca); SV_STATIC: as
+                                  * SV_RESERVE, and a new batch only when the previous one has finished */
+    int nocache;                 /* --kv-cache off: a request's cache is dropped after each token and its
+                                  * whole history prefilled again (as a recompute preemption, FCFS) */
+    int batches;                 /* SV_STATIC: batches started */
     const char *stop;            /* end a request when its text contains this */
     FILE *trace;                 /* --trace in serve mode, or NULL */
     int check_pool;              /* kvt_pool_check after every step (the tests) */
@@ -186,6 +196,10 @@ static void sv_free(sv_req *reqs, int n) {
 /* ---- the scheduler ----------------------------------------------------------- */
 
 static int sv_hist(const sv_req *r) { return r->n_prompt + r->n_out; } /* tokens so far; the last is not cached */
+/* Running and past its prefill: one row a step for the token it sampled last. */
+static int sv_decoding(const sv_req *r) {
+    return r->state == SV_RUNNING && r->n_out > 0 && sv_hist(r) - r->seq.len == 1;
+}
 
 /* What preempting r would free: the chunks it alone holds and its reservation. */
 static int sv_frees(kvt_engine *e, const sv_req *r) { return kvt_seq_private_chunks(e, &r->seq) + r->reserve; }
@@ -247,6 +261,7 @@ static void sv_sample(kvt_engine *e, const kvt_tokenizer *tk, sv_cfg *c, sv_req 
     if (!r->reason) return;
     r->finish = t_end;
     r->state = SV_DONE;
+    r->reserve = 0; /* reserve/static: what it did not use goes back with its chunks */
     kvt_seq_free(e, &r->seq);
 }
 
@@ -308,8 +323,9 @@ static kvt_status serve_run(kvt_engine *e, const kvt_tokenizer *tk, sv_req *q, i
         for (int i = lo; i < n && oldest < 0; i++) if (q[i].state == SV_RUNNING) oldest = i;
         for (int i = lo; i < n; i++) {
             sv_req *r = &q[i];
-            if (r->state != SV_RUNNING || r->reserve > 0 || sv_hist(r) - r->seq.len > 1) continue;
+            if (!sv_decoding(r)) continue;
             int need = kvt_cdiv(r->seq.len + 1, CH) - r->seq.n_table;
+            need -= need < r->reserve ? need : r->reserve; /* reserve/static: it grows into its reservation */
             while (need > avail) {
                 int v = -1;
                 for (int j = n - 1; j > oldest && v < 0; j--)
@@ -328,8 +344,7 @@ static kvt_status serve_run(kvt_engine *e, const kvt_tokenizer *tk, sv_req *q, i
         /* 2. Running requests in prefill (or recompute), oldest first, in what is
          * left of the token budget: their chunks were reserved at admission. */
         for (int i = lo; i < n && budget > 0; i++)
-            if (q[i].state == SV_RUNNING && q[i].rows == 0 && (q[i].reserve > 0 || sv_hist(&q[i]) - q[i].seq.len > 1))
-                sv_give_rows(e, &q[i], &budget, &avail);
+            if (q[i].state == SV_RUNNING && q[i].rows == 0 && !sv_decoding(&q[i])) sv_give_rows(e, &q[i], &budget, &avail);
         /* 3. Swapped requests come back before new ones, oldest first, when the
          * pool has their chunks and the watermark (waived when nothing runs). */
         for (int i = lo; i < n && !preempted && nswap && budget > 0 && nrun < c->max_running; i++) {
@@ -350,7 +365,8 @@ static kvt_status serve_run(kvt_engine *e, const kvt_tokenizer *tk, sv_req *q, i
         }
         /* 4. Admission, first come first served, never past a head that does not
          * fit: its whole prompt (prefix reuse first) and the watermark. */
-        for (int i = lo; i < n && !preempted && !nswap && budget > 0 && nrun < c->max_running; i++) {
+        int opened = 0, may_admit = c->policy != SV_STATIC || nrun == 0; /* static: a new batch */
+        for (int i = lo; i < n && may_admit && !preempted && !nswap && budget > 0 && nrun < c->max_running; i++) {
             sv_req *r = &q[i];
             if (r->state == SV_FUTURE) break;
             if (r->state != SV_WAITING) continue;
@@ -359,7 +375,9 @@ static kvt_status serve_run(kvt_engine *e, const kvt_tokenizer *tk, sv_req *q, i
             if (st != KVT_OK) break;
             r->seq.id = r->id;
             int got = kvt_seq_attach(e, &r->seq, r->hist, sv_hist(r));
-            int need = kvt_cdiv(sv_hist(r), CH) - r->seq.n_table;
+            /* continuous: the positions it has; reserve/static: all it may ever cache */
+            int upto = c->policy == SV_CONTINUOUS ? sv_hist(r) : r->n_prompt + r->max_new - 1;
+            int need = kvt_cdiv(upto > sv_hist(r) ? upto : sv_hist(r), CH) - r->seq.n_table;
             if (need > avail - (nrun ? c->watermark : 0)) {
                 kvt_seq_free(e, &r->seq); /* not yet: the counters as if it never looked */
                 p->prefix_hits = h; p->prefix_misses = m; p->prefix_collisions = k;
@@ -367,6 +385,7 @@ static kvt_status serve_run(kvt_engine *e, const kvt_tokenizer *tk, sv_req *q, i
             }
             r->reused += got;
             r->reserve = need;
+            if (c->policy == SV_STATIC) { if (!opened++) c->batches++; r->batch = c->batches; }
             avail -= need;
             r->state = SV_RUNNING;
             nrun++;
@@ -399,8 +418,19 @@ static kvt_status serve_run(kvt_engine *e, const kvt_tokenizer *tk, sv_req *q, i
         double dt = c->clock_steps ? SV_STEP_MS + SV_ROW_MS * rows : 0;
         /* the step's end, for first_token and finish: measured so far, or the stated cost */
         double t_end = now + (c->clock_steps ? dt : 1e3 * (kvt_now() - t0));
-        for (int j = 0; j < nb; j++)
-            if (who[j]->seq.len == sv_hist(who[j])) sv_sample(e, tk, c, who[j], logits + (size_t)j * V, t_end);
+        for (int j = 0; j < nb; j++) {
+            sv_req *r = who[j];
+            if (r->seq.len != sv_hist(r)) continue; /* a prefill not yet at its last row */
+            sv_sample(e, tk, c, r, logits + (size_t)j * V, t_end);
+            /* --kv-cache off: a request that sampled and goes on drops its cache
+             * and waits, at its place by arrival, to prefill its history again */
+            if (c->nocache && r->state == SV_RUNNING) {
+                c->recomputed += r->seq.len;
+                kvt_seq_free(e, &r->seq);
+                r->reserve = 0;
+                r->state = SV_WAITING;
+            }
+        }
         if (!c->clock_steps) { dt = 1e3 * (kvt_now() - t0); t_end = now + dt; }
         /* figures of this step, weighted by its time */
         int nl = 0, running = 0, swapped = 0;
@@ -549,6 +579,8 @@ static int run_serve(kvt_model *m, const kvt_tokenizer *tk, kvt_cli *a) {
         if (need > most) { most = need; worst = i; }
     }
     kvt_options o = a->o;
+    o.kv_cache = 1;                          /* --kv-cache off: the scheduler drops each cache itself */
+    if (!a->o.kv_cache) o.prefix_reuse = 0;  /* nothing is kept to be reused */
     o.max_seqs = a->max_running;
     o.max_rows = a->max_batch;
     if (!cli_gave(a, "--chunks")) {
@@ -582,6 +614,8 @@ static int run_serve(kvt_model *m, const kvt_tokenizer *tk, kvt_cli *a) {
     c.watermark = a->watermark;
     c.swap = a->preempt == 1;
     c.clock_steps = a->serve_clock == 1;
+    c.policy = a->policy;
+    c.nocache = !a->o.kv_cache;
     c.stop = stop;
     c.trace = a->tracef;
     if (st == KVT_OK) st = serve_run(e, tk, q, n, &c, a->temperature, a->topp, a->seed);
