@@ -6,6 +6,7 @@
 #   make test-asan  the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-valgrind   memcheck on a short generation
 #   make bench      speed figures of this machine (tables; CSV and plots in bench/out/)
+#   make bench-serve the serving figures: policies, rates, the pool's two seed rows (CSV, plot in bench/out/)
 #   make bench-save copy them over the reference figures in bench/ (tracked, used by docs/RESULTS.md)
 #   make bench-targets  the CPU speed table of docs/RESULTS.md (medians of 3 runs, 20-30 min)
 #   make plot-attn  heatmaps of the attention weights (--dump-attn): the default model and a --chat, in bench/out/attn/
@@ -106,7 +107,7 @@ SUITES = test test-gpu-sizes test-asan test-valgrind nvcc-test gpu-check-dry wal
   exercises-selftest fuzz bughunt
 $(SUITES): export OMP_WAIT_POLICY ?= passive
 
-.PHONY: ppl all run smollm2 test test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest refresh-patches bughunt nvcc-check gpu-check clean deps
+.PHONY: ppl all run smollm2 test test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-serve bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest refresh-patches bughunt nvcc-check gpu-check clean deps
 
 all: deps kvt
 
@@ -237,6 +238,13 @@ RUNS ?= 3
 bench: deps kvt gnuplot
 	@command -v gnuplot >/dev/null || { echo "[make] make bench draws plots with gnuplot, which is missing and could not be installed: install gnuplot-nox"; exit 1; }
 	OUT=$(BENCH_OUT) RUNS=$(RUNS) bash bench/run.sh
+
+# The serving figures of docs/RESULTS.md (bench/serve.sh, about 10 minutes): one
+# trace at rates from a quarter to 1.25x the measured capacity, six pool and
+# batching policies with the same pool bytes; serve.csv, serve_rows.txt and
+# serve.png in $(BENCH_OUT) (make bench-save copies them into bench/).
+bench-serve: deps kvt gnuplot
+	OUT=$(BENCH_OUT) RUNS=$(RUNS) bash bench/serve.sh
 
 # make bench writes this run's tables, CSV and plots to $(BENCH_OUT) (ignored by
 # git), so a student's checkout stays clean. docs/RESULTS.md's figures come from the

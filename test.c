@@ -2815,6 +2815,40 @@ static void test_bench_run(void) {
                   "grep -q 'decode_tokens_per_s_max' bench/out/selftest/context_curve.csv") == 0,
            "make bench's plotted tables hold medians with min and max over the runs");
 }
+/* make bench-serve (bench/serve.sh) on a tiny model and trace (QUICK=1): it runs
+ * to the end, leaves git status as it was, writes a row per configuration and
+ * rate, and its preallocated pool of 512 positions in contexts of TMAX = 128
+ * holds exactly 512 / 128 = 4 requests at once, while the reservation policy
+ * never preempts. */
+static void test_bench_serve(void) {
+    if (!have_kvt("make bench-serve checks")) return;
+    if (system("git rev-parse --is-inside-work-tree > /dev/null 2>&1 && test -f bench/serve.sh") != 0) {
+        skip("make bench-serve checks (not run from a git checkout)");
+        return;
+    }
+    int plots = system("command -v gnuplot > /dev/null 2>&1") == 0;
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "mkdir -p bench/out; git status --porcelain > bench/out/status.serve 2>&1; "
+             "rm -rf bench/out/selftest_serve; QUICK=1 PLOTS=%d OUT=bench/out/selftest_serve KVT=%s bash bench/serve.sh "
+             "> bench/out/selftest_serve.log 2>&1; rc=$?; git status --porcelain | diff - bench/out/status.serve "
+             "> bench/out/selftest_serve.diff; d=$?; rm -f bench/out/status.serve; exit $((rc * 2 + (d != 0)))",
+             plots, kvt_bin);
+    int rc = system(cmd), code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 255;
+    expect(code / 2 == 0, "make bench-serve on a tiny model (QUICK=1) runs to the end (log: bench/out/selftest_serve.log)");
+    expect(code % 2 == 0, "make bench-serve leaves git status as it was (differences: bench/out/selftest_serve.diff)");
+    const char *d = "bench/out/selftest_serve";
+    snprintf(cmd, sizeof(cmd), "test $(awk -F, 'NR > 1 && ($2 == 0.5 || $2 == 1.5)' %s/serve.csv | cut -d, -f1 | sort -u "
+             "| wc -l) = 5 && test $(wc -l < %s/serve.csv) = 11", d, d);
+    expect(system(cmd) == 0, "make bench-serve: serve.csv has a row for each of 5 configurations at each of 2 rates");
+    snprintf(cmd, sizeof(cmd), "grep -q '^  cont_prealloc    peak 4, 0 preemptions$' %s/serve_rows.txt && "
+             "grep -q '^  reserve16        peak [0-9]*, 0 preemptions$' %s/serve_rows.txt && "
+             "grep -q '^  nocache          mean [0-9.]* ms' %s/serve_rows.txt", d, d, d);
+    expect(system(cmd) == 0, "make bench-serve, all at t = 0: preallocated contexts hold 512 / 128 = 4 requests, "
+           "the reservation never preempts; the no-cache row is there (%s/serve_rows.txt)", d);
+    if (!plots) { skip("make bench-serve plot (no gnuplot)"); return; }
+    snprintf(cmd, sizeof(cmd), "%s/serve.png", d);
+    expect(png_file(cmd), "make bench-serve draws %s (gnuplot)", cmd);
+}
 static void test_bench_shapes(void) {
     if (!have_kvt("bench shape checks")) return;
     /* too short: the reason, and what the bench needs */
@@ -5549,6 +5583,7 @@ int main(int argc, char **argv) {
     test_teaching_file_size();
     test_bench_shapes();
     test_bench_run();
+    test_bench_serve();
     if (gpu) {
         test_gpu_alloc_error();
         test_rmsnorm(1);
