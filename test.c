@@ -55,6 +55,15 @@ static void remove_test_dir(void) {
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", test_dir);
     if (test_dir[0] && system(cmd) != 0) printf("(could not remove %s)\n", test_dir);
 }
+/* test_dir: a new folder kvt_test.XXXXXX in $TMPDIR (when short enough) or /tmp. */
+static int make_test_dir(void) {
+    const char *t = getenv("TMPDIR");
+    snprintf(test_dir, sizeof(test_dir), "%s/kvt_test.XXXXXX", t && t[0] && strlen(t) < 40 ? t : "/tmp");
+    if (mkdtemp(test_dir)) return 1;
+    printf("cannot make a temporary folder %s: %s\n", test_dir, strerror(errno));
+    test_dir[0] = '\0';
+    return 0;
+}
 static void with_test_dir(char *out, size_t cap, const char *s) { /* "@T" -> test_dir */
     size_t k = 0;
     for (; *s && k + 1 < cap; s++) {
@@ -2537,6 +2546,44 @@ static void test_outputs(void) {
     cli_expect("-n 3 2>&1 > /dev/full; exit $?", 0, "writing standard output failed: No space left on device");
     cli_expect("--help 2>&1 > /dev/full; exit $?", 0, "writing standard output failed");
     cli_expect("-n 3 2>&1 >&-; exit $?", 0, "standard output is closed");
+    /* the runs stop at the first failed write (the dump of token ids, written
+     * on the way out, shows how far they got: the prompt's 7 ids and a few) */
+    cli_expect("-n 400 -t 0 --dump-attn /dev/full --dump-tokens @T/stop1.txt 2>&1 > /dev/null; exit $?", 0,
+               "--dump-attn: writing '/dev/full' failed: No space left on device");
+    cli_expect("-n 400 -t 0 --dump-tokens @T/stop2.txt 2>&1 > /dev/full; exit $?", 0,
+               "writing standard output failed: No space left on device");
+    const char *turns = "ROMEO: Good morrow\nJULIET: Good night\nROMEO: Farewell\n";
+    write_text(tmp_file("turns.txt"), turns, strlen(turns));
+    cli_expect("--chat -n 400 -t 0 --dump-tokens @T/stop3.txt 2>&1 > /dev/full < @T/turns.txt; exit $?", 0,
+               "writing standard output failed: No space left on device");
+    /* a reader that leaves (| head): a write error with its reason, and the dumps are kept */
+    cli_expect("-n 400 -t 0 --dump-tokens @T/stop4.txt --dump-logits @T/stop4.bin 2> @T/stop4.err | head -c 6", 1, "");
+    const char *stops[] = {"stop1", "stop2", "stop3", "stop4"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(args, sizeof(args), "n=$(wc -l < '%s/%s.txt') && test $n -ge 7 && test $n -lt 100", test_dir, stops[i]);
+        expect(system(args) == 0, "%s: the run stopped within a few tokens of 400, and --dump-tokens, written on the "
+               "way out, holds them (%s/%s.txt)", stops[i], test_dir, stops[i]);
+    }
+    snprintf(args, sizeof(args), "test $(stat -c %%s '%s/stop4.bin') -gt 0 && "
+             "grep -q 'writing standard output failed: Broken pipe' '%s/stop4.err'", test_dir, test_dir);
+    expect(system(args) == 0, "a reader that left: the reason on stderr, and --dump-logits kept");
+    /* -n 0 --dump-attn runs the prompt, as -n 0 --dump-logits does: 1 layer x 4 heads x (1 + 2 + ... + 5) = 60
+     * weights under the header */
+    cli_expect("--random 32,1,4,2,64,50,32 --prompt-tokens 5 -n 0 --dump-attn @T/attn0.csv", 1, "");
+    snprintf(args, sizeof(args), "test $(wc -l < '%s/attn0.csv') = 61", test_dir);
+    expect(system(args) == 0, "-n 0 --dump-attn writes the prompt's 60 weights");
+    /* its size is planned before anything is opened: 4 layers x 4 heads x 3008 x 3009 / 2 = 7.24e7 lines of about
+     * 2 x 4 + 18 bytes */
+    cli_expect("--random 64,4,4,4,128,100,4096 -n 3000 --dump-attn @T/big.csv --trace @T/big.trace", 0,
+               "--dump-attn: up to 7.24e+07 lines, about 1883 MB (4 layers x 4 heads x N (N + 1) / 2 weights, "
+               "N = 3008 positions), more than --dump-attn-max 1024 MB: raise it");
+    snprintf(args, sizeof(args), "test ! -e '%s/big.csv' && test ! -e '%s/big.trace'", test_dir, test_dir);
+    expect(system(args) == 0, "a --dump-attn refused for its size opened no file");
+    cli_expect("--random 32,1,4,2,64,50,512 -n 400 --dump-attn @T/mid.csv --dump-attn-max 7", 0,
+               "about 8 MB (1 layer x 4 heads x N (N + 1) / 2 weights, N = 408 positions)");
+    cli_expect("--random 32,1,4,2,64,50,512 -n 400 -t 0 --dump-attn @T/mid.csv --dump-attn-max 9 --dump-attn-layer 0",
+               1, "");
+    cli_expect("-n 2 --dump-attn-max 5", 0, "--dump-attn-layer and --dump-attn-max shape --dump-attn");
     /* 5. KVT_MEM_LIMIT must be a whole number of bytes */
     const char *limits[] = {"1e3", "abc", "-1000", "0", "18446744073709551616", " 5"};
     for (size_t i = 0; i < sizeof(limits) / sizeof(limits[0]); i++) {
@@ -2819,7 +2866,7 @@ static void test_bench_run(void) {
  * to the end, leaves git status as it was, writes a row per configuration and
  * rate, and its preallocated pool of 512 positions in contexts of TMAX = 128
  * holds exactly 512 / 128 = 4 requests at once, while the reservation policy
- * never preempts. */
+ * never preempts; the rows of 16 running requests carry numbers. */
 static void test_bench_serve(void) {
     if (!have_kvt("make bench-serve checks")) return;
     if (system("git rev-parse --is-inside-work-tree > /dev/null 2>&1 && test -f bench/serve.sh") != 0) {
@@ -2842,9 +2889,13 @@ static void test_bench_serve(void) {
     expect(system(cmd) == 0, "make bench-serve: serve.csv has a row for each of 5 configurations at each of 2 rates");
     snprintf(cmd, sizeof(cmd), "grep -q '^  cont_prealloc    peak 4, 0 preemptions$' %s/serve_rows.txt && "
              "grep -q '^  reserve16        peak [0-9]*, 0 preemptions$' %s/serve_rows.txt && "
-             "grep -q '^  nocache          mean [0-9.]* ms' %s/serve_rows.txt", d, d, d);
+             "grep -q '^  nocache          mean [0-9.]* ms' %s/serve_rows.txt && "
+             "grep -q '^  serve [0-9.]*, static batch of 16 (--bench context --bench-ctx 64 --bench-batch 16) "
+             "[0-9.]*: ratio [0-9]\\.[0-9][0-9]$' %s/serve_rows.txt && "
+             "grep -q '^  scheduler: [0-9.]*%% of the serve' %s/serve_rows.txt", d, d, d, d, d);
     expect(system(cmd) == 0, "make bench-serve, all at t = 0: preallocated contexts hold 512 / 128 = 4 requests, "
-           "the reservation never preempts; the no-cache row is there (%s/serve_rows.txt)", d);
+           "the reservation never preempts; the no-cache row, the 16-running ratio and the scheduler's share are "
+           "there (%s/serve_rows.txt)", d);
     if (!plots) { skip("make bench-serve plot (no gnuplot)"); return; }
     snprintf(cmd, sizeof(cmd), "%s/serve.png", d);
     expect(png_file(cmd), "make bench-serve draws %s (gnuplot)", cmd);
@@ -5178,7 +5229,7 @@ static void test_dump_attn(void) {
     }
     for (int i = 0; i < 4; i++) free(w[i]);
     cli_expect("--dump-attn-layer 4 --dump-attn @T/attn.csv", 0, "--dump-attn-layer 4: this model's layers are 0..3");
-    cli_expect("--dump-attn-layer 1", 0, "--dump-attn-layer needs --dump-attn");
+    cli_expect("--dump-attn-layer 1", 0, "--dump-attn-layer and --dump-attn-max shape --dump-attn: add --dump-attn FILE");
     cli_expect("--fork 2 --dump-attn @T/attn.csv", 0, "--dump-attn records one sequence's run");
     cli_expect("--dump-attn /nonexistent-dir/a.csv", 0, "--dump-attn: cannot write '/nonexistent-dir/a.csv'");
     remove(tmp_file("attn.csv"));
@@ -5459,8 +5510,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 }
 #else
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static char path[64];
-    if (!path[0]) snprintf(path, sizeof(path), "/tmp/kvt_fuzz_%d.bin", (int)getpid());
+    static const char *path; /* a file in the run's own folder, as in make test */
+    if (!path) {
+        KVT_ASSERT(make_test_dir());
+        atexit(remove_test_dir);
+        path = tmp_file("fuzz.bin");
+    }
 #if KVT_FUZZ == 3
     static kvt_tokenizer tk, bl; /* the sentencepiece-style one and a byte-level one */
     static int ready = 0;
@@ -5513,9 +5568,7 @@ int main(int argc, char **argv) {
     if (argc > 2 && !strcmp(argv[1], "--write-fuzz-seeds")) { write_fuzz_seeds(argv[2]); return 0; }
     if (argc > 1) kvt_bin = argv[1];
     setvbuf(stdout, NULL, _IONBF, 0);
-    snprintf(test_dir, sizeof(test_dir), "%s/kvt_test.XXXXXX", getenv("TMPDIR") && getenv("TMPDIR")[0] &&
-             strlen(getenv("TMPDIR")) < 40 ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(test_dir)) { printf("cannot make a temporary folder %s: %s\n", test_dir, strerror(errno)); return 1; }
+    if (!make_test_dir()) return 1;
 #ifdef KVT_EXERCISE
     printf("exercise %d check; GPU kernels run on: %s\n", KVT_EXERCISE, kvt_gpu_available() ? kvt_gpu_name() : "nothing");
     exercise_check();

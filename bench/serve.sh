@@ -32,7 +32,9 @@
 #                   and the two seed rows: (a) requests resident at once when
 #                   all arrive at t = 0, beside the prediction; (b) mean
 #                   response time with and without the cache at half the
-#                   no-cache capacity, and one request alone
+#                   no-cache capacity, and one request alone; (c) 16 running
+#                   requests in decode-only steps against the engine's static
+#                   batch of 16, and the scheduler's share of the step time
 #   serve.png       the curves (gnuplot)
 # QUICK=1: a tiny model and trace in seconds (make test checks the script); its
 # numbers mean nothing.
@@ -44,10 +46,10 @@ KVT=${KVT:-./kvt}
 TARGET_MS=${TARGET_MS:-1000} # the latency target: p99 end-to-end at most this
 if [ "${QUICK:-0}" = 1 ]; then
   model="--random 64,2,4,2,128,512,128"; trace=bench/serve_random.tsv; tmax=128; pool=512; fracs="0.5 1.5"
-  nb=4; RUNS=${RUNS_QUICK:-1}
+  nb=4; ctx=64; RUNS=${RUNS_QUICK:-1}
 else
   model="--random 288,6,6,6,768,512,1024"; trace=bench/serve_synth.tsv; tmax=1024; pool=4096
-  fracs="0.25 0.5 0.75 1 1.25"; nb=8
+  fracs="0.25 0.5 0.75 1 1.25"; nb=8; ctx=224
 fi
 # int8 with the default group of 32 channels: 1 byte per element plus a 4-byte
 # scale per 32, so the fp32 pool's bytes hold pool * 4 / 1.125 positions
@@ -148,6 +150,31 @@ awk -F, -v keys=2 -f bench/median.awk "$W"/curves.*.csv > "$OUT/serve.csv"
     printf "  %-16s mean %s ms; request 0 alone (%s) %s ms\n" "$c" "$m" \
       "$(awk -F'\t' '{ n = split($3, a, ","); printf "%d prompt + %d new", n, $2 }' "$W/b1.tsv")" "$one"
   done
+
+  # (c) 16 running requests of equal length, decode-only steps: the serve loop
+  # (scheduling, row building, sampling included) against the engine's own
+  # static batch of 16 at the same contexts (--bench context: prompts of $ctx,
+  # then 32 decode steps). The pool holds all 16 exactly; a decode step's time
+  # is the gap to the next step's start in --trace.
+  n16=$((16 * (ctx + 32) / 16))
+  for i in $(seq 16); do printf '0\t33\tids:%s\n' "$(seq -s, 5 $((ctx + 4)))"; done > "$W/c16.tsv"
+  for r in $(seq "$RUNS"); do
+    say "(c) 16 running, run $r"
+    # shellcheck disable=SC2086
+    "$KVT" $common --chunk 16 --chunks "$n16" --serve "$W/c16.tsv" --trace "$W/c16_trace.txt" > /dev/null \
+      2> "$W/stderr.txt" || { cat "$W/stderr.txt" >&2; exit 1; }
+    s=$(awk '/^== step / { t = $5; if (d) { sum += t - prev; k++ } d = ($0 ~ / prefill 0, decode 16$/); prev = t }
+             END { printf "%.1f", (k && sum > 0) ? 16e3 * k / sum : 0 }' "$W/c16_trace.txt")
+    sh=$(sed -n 's/.*(scheduler \([0-9.]*\)% of the steps).*/\1/p' "$W/stderr.txt")
+    # shellcheck disable=SC2086
+    b=$("$KVT" $model -t 0 --chunk 16 --bench context --bench-ctx "$ctx" --bench-batch 16 2> /dev/null | awk '$1 == "fp32" { print $5 }')
+    echo "$s $b $sh"
+  done > "$W/c16.txt"
+  s=$(awk '{ print $1 }' "$W/c16.txt" | median); b=$(awk '{ print $2 }' "$W/c16.txt" | median)
+  sh=$(awk '{ print $3 }' "$W/c16.txt" | median)
+  echo "(c) 16 requests of $ctx prompt + 33 new, all at t = 0, pool $n16 chunks of 16; decode-only steps, tokens/s (median of $RUNS):"
+  awk -v s="$s" -v b="$b" -v c="$ctx" 'BEGIN { printf "  serve %s, static batch of 16 (--bench context --bench-ctx %d --bench-batch 16) %s: ratio %.2f\n", s, c, b, (b > 0) ? s / b : 0 }'
+  echo "  scheduler: $sh% of the serve run's step time"
 } > "$OUT/serve_rows.txt"
 cat "$OUT/serve_rows.txt" >&2
 

@@ -90,7 +90,8 @@ static void usage(FILE *f) {
         "                          vocabulary has <|im_start|>, else llama2 with byte fallback, else plain)\n"
         "  -y, --system TEXT       --chat: the system prompt (chatml's default: SmolLM2's; -y '' for none)\n"
         "  --dump-attn FILE        attention weights as CSV lines query,layer,head,key,weight (key 0..query)\n"
-        "  --dump-attn-layer L     --dump-attn: only layer L (default: all)\n"
+        "  --dump-attn-layer L     --dump-attn: only layer L (default: all); with -n 0, the prompt's rows\n"
+        "  --dump-attn-max MB      --dump-attn: refuse a run whose file could pass MB megabytes (default 1024)\n"
         "  --kv-cache on|off       off: every step recomputes the whole sequence (default on); its K/V\n"
         "                          still pass through the cache, so --kv-dtype rounds them either way\n"
         "  --chunk CH              positions per cache chunk, 1..TMAX (default 16, or TMAX if smaller;\n"
@@ -222,8 +223,10 @@ typedef struct {
     const char *system;  /* -y/--system: the chat's system prompt, or NULL */
     const char *dump_attn; /* --dump-attn FILE, or NULL */
     int dump_attn_layer;   /* --dump-attn-layer, -1: every layer */
+    int dump_attn_max;     /* --dump-attn-max MB: a larger planned file is refused */
     FILE *attnf;           /* where --dump-attn writes (opened by the runner), or NULL */
     int attn_next;         /* --dump-attn writes rows at positions >= this (earlier ones are in the file) */
+    int attn_errno;        /* --dump-attn: the first failed write's errno (nothing more is written), or 0 */
     /* --serve (cli/serve.c) */
     const char *serve, *serve_log, *serve_text, *stop;
     int max_running, max_batch, preempt, serve_clock, watermark, policy;
@@ -269,6 +272,7 @@ static const cli_flag cli_flags[] = {
     {"-y", "--system", ARG_STR, AT(system), 0, 0, NULL},
     {"--dump-attn", NULL, ARG_STR, AT(dump_attn), 0, 0, NULL},
     {"--dump-attn-layer", NULL, ARG_INT, AT(dump_attn_layer), 0, KVT_LIMIT_LAYERS - 1, NULL},
+    {"--dump-attn-max", NULL, ARG_INT, AT(dump_attn_max), 1, 1 << 30, NULL},
     {"--fork", NULL, ARG_INT, AT(fork), 1, KVT_MAX_SEQS, NULL},
     {"--fork-share", NULL, ARG_CHOICE, AT(fork_share), 0, 0, arg_onoff},
     {"--prefix-cache", NULL, ARG_CHOICE, AT(o.prefix_reuse), 0, 0, arg_onoff},
@@ -416,7 +420,8 @@ static int cli_check(kvt_cli *a, const kvt_config *c) {
         {chat && a->random && a->system, "-y/--system is text, and a --random model has no tokenizer: drop it"},
         {a->dump_attn && (a->prompts || a->fork > 1 || a->ppl || a->bench),
          "--dump-attn records one sequence's run: drop --prompts, --fork, --ppl and --bench"},
-        {cli_gave(a, "--dump-attn-layer") && !a->dump_attn, "--dump-attn-layer needs --dump-attn"},
+        {(cli_gave(a, "--dump-attn-layer") || cli_gave(a, "--dump-attn-max")) && !a->dump_attn,
+         "--dump-attn-layer and --dump-attn-max shape --dump-attn: add --dump-attn FILE"},
         {a->serve && (a->prompts || fork || chat || a->bench || a->ppl || a->check || gave_prompt || a->tokens ||
                       a->dump_logits || a->dump_tokens || a->dump_attn || cli_gave(a, "-n")),
          "--serve takes its prompts and lengths from the trace: drop --prompts, --fork, --chat, --bench, --ppl, "
@@ -753,17 +758,54 @@ static kvt_status parse_tokens(const char *s, int V, int TMAX, int *out, int *n)
 /* --dump-attn, the engine's probe (kvt_options.attn_probe, §15): one CSV line
  * per weight, for each row at a position not written yet (with --kv-cache off
  * every step recomputes the earlier rows, whose weights are in the file
- * already). w (n, NH, TMAX): row r, head h attends to keys 0..pos[r]. A failed
- * write shows at the end (cli_close). */
+ * already). w (n, NH, TMAX): row r, head h attends to keys 0..pos[r]. After
+ * a failed write nothing more is written; the runner stops at its next check
+ * (cli_outputs_ok). */
 static void attn_dump_rows(void *ctx, int layer, int n, const int *pos, const float *w, int NH, int TMAX) {
     kvt_cli *a = (kvt_cli *)ctx;
-    for (int r = 0; r < n; r++) {
+    for (int r = 0; r < n && !a->attn_errno; r++) {
         if (pos[r] < a->attn_next) continue;
         for (int h = 0; h < NH; h++) {
             const float *wr = w + ((size_t)r * NH + h) * TMAX;
-            for (int t = 0; t <= pos[r]; t++) fprintf(a->attnf, "%d,%d,%d,%d,%.9g\n", pos[r], layer, h, t, wr[t]);
+            for (int t = 0; t <= pos[r]; t++)
+                if (fprintf(a->attnf, "%d,%d,%d,%d,%.9g\n", pos[r], layer, h, t, wr[t]) < 0) {
+                    a->attn_errno = errno ? errno : EIO;
+                    return;
+                }
         }
     }
+}
+/* --dump-attn's size, refused before anything is opened: N positions (0: a
+ * chat, which may fill the context) write layers x heads x N (N + 1) / 2
+ * lines, each about 2 x digits(N) + 18 bytes (query and key, layer, head,
+ * commas, a weight printed with %.9g, its line end). */
+static int attn_dump_too_big(const kvt_cli *a, const kvt_config *c, int N) {
+    int room = a->o.n_chunks > 0 && (long)a->o.n_chunks * a->o.CH < c->seq_len ? a->o.n_chunks * a->o.CH : c->seq_len;
+    if (N <= 0 || N > room) N = room;
+    int digits = 1;
+    for (int x = N; x >= 10; x /= 10) digits++;
+    int layers = a->dump_attn_layer >= 0 ? 1 : c->n_layers;
+    double lines = (double)layers * c->n_heads * (double)N * (N + 1) / 2;
+    double mb = lines * (2 * digits + 18) / 1e6;
+    if (mb <= a->dump_attn_max) return 0;
+    kvt_fail(KVT_EARG, "--dump-attn: up to %.3g lines, about %.0f MB (%d layer%s x %d heads x N (N + 1) / 2 weights, "
+             "N = %d positions%s), more than --dump-attn-max %d MB: raise it, or give --dump-attn-layer L or fewer "
+             "positions", lines, mb, layers, layers > 1 ? "s" : "", c->n_heads, N,
+             a->chat ? ": a chat may fill the context" : "", a->dump_attn_max);
+    return 1;
+}
+/* The runners check their outputs after every token and stop at the first
+ * failed write, with its reason: standard output (a full disk, /dev/full, or
+ * a reader that left: main ignores SIGPIPE, so `| head` is a write error like
+ * any other, and the dump files are still written and closed) and
+ * --dump-attn. */
+static kvt_status cli_outputs_ok(kvt_cli *a) {
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout))
+        return kvt_fail(KVT_EIO, "writing standard output failed: %s", errno ? strerror(errno) : "a write error");
+    if (a->attn_errno)
+        return kvt_fail(KVT_EIO, "--dump-attn: writing '%s' failed: %s", a->dump_attn, strerror(a->attn_errno));
+    return KVT_OK;
 }
 
 /* One sequence: prefill the prompt, then sample -n tokens, printing as we go.
@@ -808,11 +850,11 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
     kvt_seq_init(e, &s);
     if (ref) kvt_seq_init(ref, &rs);
     for (int i = 0; i < np; i++) print_token(tk, i ? hist[i - 1] : -1, hist[i]);
-    fflush(stdout);
+    st = cli_outputs_ok(a);
     int n = np, fed = 0, n_gen = 0; /* fed: the prompt's forward ran; n_gen: steps after it */
     double t_gen = 0.0;              /* their time: what one more generated token costs */
-    /* -n 0 with --dump-logits still runs the prompt: its rows are the dump */
-    while (st == KVT_OK && (n < np + a->steps || (dl && !fed))) {
+    /* -n 0 with --dump-logits or --dump-attn still runs the prompt: its rows are the dump */
+    while (st == KVT_OK && (n < np + a->steps || ((dl || a->attnf) && !fed))) {
         fed = 1;
         a->attn_next = n == np ? 0 : n - 1; /* --dump-attn: the rows this forward adds (cache off recomputes the rest) */
         if (dl && n == np) { /* the prompt's forward keeps every position's logits for the dump */
@@ -852,8 +894,8 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
         int next = kvt_sample(&sm, logits, V);
         if (tk && (next == tk->bos_id || next == tk->eos_id)) { stop = next; break; }
         print_token(tk, hist[n - 1], next);
-        fflush(stdout);
         hist[n++] = next;
+        if ((st = cli_outputs_ok(a)) != KVT_OK) break;
     }
     printf("\n");
     if (stop >= 0 && n == np) /* nothing printed: say why */
@@ -1330,7 +1372,7 @@ static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cl
             print_token(tk, c.hist[c.n - 2], next);
             const char *piece = tk ? kvt_decode(tk, c.hist[c.n - 2], next) : "";
             at_line_start = tk && piece[0] && piece[strlen(piece) - 1] == '\n'; /* ids ("1 5 ") end no line */
-            fflush(stdout);
+            if ((st = cli_outputs_ok(a)) != KVT_OK) break;
             if (g + 1 < a->steps) {
                 st = chat_feed(e, &s, a, &c, logits);
                 if (st == KVT_OK)
@@ -1344,7 +1386,7 @@ static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cl
                 st = trace_step(a, e, "after turn %d, the reply's last token: seq %d, position %d", turn, s.id, c.n - 1);
         }
         if (c.tpl != TPL_PLAIN || !at_line_start) printf("\n"); /* the next turn starts on a line of its own */
-        fflush(stdout);
+        if (st == KVT_OK) st = cli_outputs_ok(a);
         all_computed += c.computed - computed0;
         if (st == KVT_OK && a->stats)
             chat_turn_stats(e, &c, turn, reused, c.computed - computed0, c.calls - calls0, nt, n_reply, kvt_now() - t0);
@@ -1426,13 +1468,15 @@ static int read_prompts(const char *path, const kvt_tokenizer *tk, int TMAX, int
 /* main: defaults, flags, model, then one of the runs; every exit after the
  * model is loaded goes through `done`, which frees everything (valgrind
  * checks that nothing is lost on any of these paths). */
-#include <fcntl.h> /* fcntl: is standard output open? */
+#include <fcntl.h>  /* fcntl: is standard output open? */
+#include <signal.h> /* signal: SIGPIPE ignored */
 static int cli_main(int argc, char **argv);
 /* Standard output is checked like every other output: a closed one is refused
  * before anything runs (a file opened later would otherwise get its number and
  * the generated text), and a write that failed (a full disk, /dev/full, a
  * closed pipe's reader) makes the exit status 1 with the reason. */
 int main(int argc, char **argv) {
+    signal(SIGPIPE, SIG_IGN); /* a closed pipe: a failed write with its reason (cli_outputs_ok), not a silent death */
     if (fcntl(STDOUT_FILENO, F_GETFD) == -1) {
         fprintf(stderr, "kvt: standard output is closed: %s\n", strerror(errno));
         return 1;
@@ -1449,8 +1493,8 @@ int main(int argc, char **argv) {
     int rc = cli_main(argc, argv), bad = ferror(stdout);
     errno = 0;
     bad |= fflush(stdout) != 0;
-    if (bad) {
-        fprintf(stderr, "kvt: writing standard output failed: %s\n", errno ? strerror(errno) : "a write error");
+    if (bad) { /* (a runner that stopped at the failed write has said so) */
+        if (rc == 0) fprintf(stderr, "kvt: writing standard output failed: %s\n", errno ? strerror(errno) : "a write error");
         return 1;
     }
     return rc;
@@ -1470,6 +1514,7 @@ static int cli_main(int argc, char **argv) {
     a.fork_share = 1;
     a.tpl = -1;
     a.dump_attn_layer = -1;
+    a.dump_attn_max = 1024;
     a.max_running = 16;
     a.max_batch = 256;
     a.watermark = 1;
@@ -1571,6 +1616,7 @@ static int cli_main(int argc, char **argv) {
         a.o.max_seqs = n_seqs;
         if (a.o.max_rows < n_seqs) a.o.max_rows = n_seqs;
     }
+    if (a.dump_attn && attn_dump_too_big(&a, &m.c, a.chat ? 0 : longest + a.steps)) goto done;
     if (a.trace && !(a.tracef = a.trace[0] ? fopen(a.trace, "w") : stderr)) {
         kvt_fail(KVT_EIO, "--trace: cannot write '%s': %s", a.trace, strerror(errno));
         goto done;
