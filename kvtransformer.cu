@@ -22,9 +22,10 @@
  *   §8  rmsnorm                           §18 checks (compare two arrays)
  *   §9  matmul (loops/sgemm; 2 kernels)   §19 benchmarks
  *   §10 rope, kv write (+ quantize)       §20 command line
- * (§16-§20, the random model at the end of §4 and the pool's printer and
- * checks at the end of §15 are the harness around the lesson: files in cli/
- * and bench/, included in their place, so it is still one compile. So are
+ * (§16-§20, the memory probe in §3 (cli/memory.c), the random model at the
+ * end of §4 and the pool's printer and checks at the end of §15 are the
+ * harness around the lesson: files in cli/ and bench/, included in their
+ * place, so it is still one compile. So are
  * the CPU's tuned loops, in cpu/matmul.c (§9) and cpu/attention.c (§10's
  * vector loops and §12's tiled fused attention), and the GPU's tuned fused
  * attention kernel, in gpu/attention.cu (§12): the specs they are checked
@@ -1809,16 +1810,6 @@ struct kvt_engine {
     int next_id;
 };
 
-/* The defaults, and why:
- *  - fused attention: one pass over the cache; naive is the reference;
- *  - CH = 16: at most 15 unused slots per sequence, while a chunk is still
- *    large enough that the table lookup per position costs nothing;
- *  - n_chunks 0: room for max_seqs sequences at full length (never exhausted);
- *  - int8 groups of 32 channels: llama.cpp's q8_0 block size;
- *  - max_rows 256: a prompt is prefilled 256 rows per call, bounding scratch
- *    (~32 MB of logits for V = 32000); sgemm needs a few hundred rows to reuse
- *    each weight enough (64-row pieces make a prefill clearly slower);
- *  - prefix reuse on: free when nothing matches, a big saving when it does. */
 /* The int8 group size for head size HS when the caller chose none (0): 32,
  * else 16 when it divides HS (the CPU's loops take 8 or 16 channels of one scale
  * at a time, §10), else HS's largest divisor below 32 (HS 40 -> 20, HS 8 -> 8). */
@@ -1830,6 +1821,16 @@ int kvt_kv_group_auto(int HS) {
     return G;
 }
 
+/* The defaults, and why:
+ *  - fused attention: one pass over the cache; naive is the reference;
+ *  - CH = 16: at most 15 unused slots per sequence, while a chunk is still
+ *    large enough that the table lookup per position costs nothing;
+ *  - n_chunks 0: room for max_seqs sequences at full length (never exhausted);
+ *  - int8 groups of 32 channels: llama.cpp's q8_0 block size;
+ *  - max_rows 256: a prompt is prefilled 256 rows per call, bounding scratch
+ *    (~32 MB of logits for V = 32000); sgemm needs a few hundred rows to reuse
+ *    each weight enough (64-row pieces make a prefill clearly slower);
+ *  - prefix reuse on: free when nothing matches, a big saving when it does. */
 void kvt_options_default(kvt_options *o) {
     memset(o, 0, sizeof(*o));
 #ifdef __CUDACC__
@@ -1872,16 +1873,15 @@ void kvt_engine_free(kvt_engine *e) {
     free(e);
 }
 
-/* Check the options against the model, pick the device, upload the weights
- * (GPU), make the pool and the scratch buffers. Everything a forward call will
- * ever need is allocated here, so a forward never allocates (and never fails
- * for lack of memory halfway through). */
 /* An engine: one model with one set of options (cache type, chunk size,
  * attention, device), its KV pool and its scratch buffers. In order: every
- * option checked against the model; every size computed with overflow
- * checks; one check that all of it fits in memory (kvt_mem_check); only then
- * the allocations, so a failure leaves nothing behind. Sequences are created
- * separately (kvt_seq_init) and hold only chunk ids of this engine's pool. */
+ * option checked against the model, the device picked; every size computed
+ * with overflow checks; one check that all of it fits in memory
+ * (kvt_mem_check); only then the allocations and the weights' upload (GPU), so
+ * a failure leaves nothing behind. The scratch here is sized for the largest
+ * call (max_rows rows, max_seqs sequences), so a forward call does not fail
+ * for lack of memory halfway through. Sequences are created separately
+ * (kvt_seq_init) and hold only chunk ids of this engine's pool. */
 kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *o) {
     *out = NULL;
     const kvt_config *c = &m->c;
@@ -2189,8 +2189,9 @@ static kvt_status check_tokens(const kvt_engine *e, const int *tokens, int n) {
  * sequence and the pool exactly as they were; then reuse a cached prefix (a
  * new sequence only), take the chunks, run the rows in pieces of max_rows,
  * and only then append the tokens to the sequence. So in a debugger, during
- * a prefill s->len is still 0: the rows' positions are in e->h_pos, and the
- * chunks already taken in s->table[0 .. n_table). */
+ * a prefill s->len is still the length before these rows (0 for a new
+ * sequence; the transcript so far in a chat's later turn): the rows' positions
+ * are in e->h_pos, and the chunks already taken in s->table[0 .. n_table). */
 kvt_status kvt_forward(kvt_engine *e, kvt_seq *s, const int *tokens, int n, float *logits, int all_logits) {
     int TMAX = e->m->c.seq_len, V = e->m->c.vocab_size, share = e->o.prefix_reuse && e->o.kv_cache;
     kvt_pool *p = &e->pool;
@@ -2324,8 +2325,9 @@ kvt_status kvt_step(kvt_engine *e, kvt_seq *s, const int *history, int n_hist, f
 
 // §16 tokenizer --------------------------------------------------------------------
 /* Text to token ids and back: cli/tokenizer.c, included here. It reads
- * llama2.c's tokenizer.bin and encodes by greedy BPE; the engine never sees
- * text, only ids. */
+ * llama2.c's tokenizer.bin (BPE by merge score) and its byte-level variant
+ * (GPT-2's byte alphabet, BPE by merge rank); the engine never sees text,
+ * only ids. */
 #include "cli/tokenizer.c"
 
 // §17 sampling -----------------------------------------------------------------------

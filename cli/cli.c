@@ -575,7 +575,12 @@ static void print_stats(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
                 "misses %ld; %.0f bytes vs %.0f without sharing (%.1f%% saved)\n", p->shared_hits, p->cow_copies,
                 p->prefix_hits, p->prefix_misses, u.bytes_used, u.bytes_unshared,
                 u.bytes_unshared > 0 ? 100.0 * (1.0 - u.bytes_used / u.bytes_unshared) : 0.0);
-    if (e->n_prefill)
+    /* with the cache off every call after the first runs the whole history
+     * again as one many-row call: those rows are recomputation, not prompt */
+    if (e->n_prefill && !e->o.kv_cache)
+        fprintf(stderr, "[stats] recomputed rows %ld in %.2f ms (%.1f rows/s): with the cache off each step runs "
+                "the whole history again\n", e->n_prefill, 1e3 * e->t_prefill, (double)e->n_prefill / e->t_prefill);
+    else if (e->n_prefill)
         fprintf(stderr, "[stats] prefill %ld tokens in %.2f ms (%.1f tokens/s)\n", e->n_prefill, 1e3 * e->t_prefill,
                 (double)e->n_prefill / e->t_prefill);
     if (e->n_decode)
@@ -1182,11 +1187,17 @@ static kvt_status chat_feed(kvt_engine *e, kvt_seq *s, kvt_cli *a, kvt_chat *c, 
 static void chat_turn_stats(const kvt_engine *e, const kvt_chat *c, int turn, int reused, long computed, int calls,
                             int n_turn, int n_reply, double dt) {
     if (e->o.kv_cache) {
+        /* recomputing the transcript would be one prefill of c->n rows: priced
+         * at the prefill rate measured so far (every many-row call of this run,
+         * the first turn's prompt included), not at this turn's time a
+         * position, which is mostly decode steps and about 10x dearer */
         double per = dt / (double)(computed > 0 ? computed : 1);
+        double rate = e->t_prefill > 0 ? (double)e->n_prefill / e->t_prefill : 0;
         fprintf(stderr, "[stats] turn %d: reused %d cached positions, computed %ld (%d of the turn + %d of the reply) "
                 "in %.2f ms, %.3f ms a position; recomputing the whole transcript of %d positions instead: about "
-                "%.2f ms (an estimate: %d x this turn's ms a position)\n", turn, reused, computed, n_turn, n_reply,
-                1e3 * dt, 1e3 * per, c->n, 1e3 * per * c->n, c->n);
+                "%.2f ms (an estimate: %d positions at the prefill rate measured so far, %.1f positions/s)\n", turn,
+                reused, computed, n_turn, n_reply, 1e3 * dt, 1e3 * per, c->n, rate > 0 ? 1e3 * c->n / rate : 0.0, c->n,
+                rate);
     } else {
         fprintf(stderr, "[stats] turn %d: --kv-cache off: reused 0, computed %ld positions in %d forward calls, each "
                 "over the whole transcript so far (%d new: %d of the turn + %d of the reply), in %.2f ms (measured)\n",
