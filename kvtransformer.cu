@@ -637,11 +637,15 @@ kvt_status kvt_model_load(kvt_model *m, const char *path) {
     c.vocab_size = abs(c.vocab_size);
     long long want = (long long)sizeof(c) + 4LL * (long long)kvt_checkpoint_floats(&c, shared);
     struct { char magic[4]; float theta; } ext = {{0}, 10000.0f}; /* the RoPE-base extension */
-    if (file_bytes == want + 8 && (fread(&ext, 8, 1, f) != 1 || memcmp(ext.magic, "rope", 4) ||
-                                   !(ext.theta > 1.0f && ext.theta < 1e30f))) {
+    if (file_bytes == want + 8 && (fread(&ext, 8, 1, f) != 1 || memcmp(ext.magic, "rope", 4))) {
         fclose(f);
         return kvt_fail(KVT_EFORMAT, "checkpoint '%s': 8 bytes after the header are not \"rope\" and a RoPE base "
-                        "> 1 (the extension), and the file is 8 bytes too long for llama2.c's format", path);
+                        "(the extension), and the file is 8 bytes too long for llama2.c's format", path);
+    }
+    if (!(ext.theta > 1.0f && ext.theta < 1e30f)) { /* weights/kvt_files.py's theta_problem: the same rule */
+        fclose(f);
+        return kvt_fail(KVT_EFORMAT, "checkpoint '%s': the \"rope\" extension's base %g is outside (1, 1e30)",
+                        path, (double)ext.theta);
     }
     if (file_bytes != want && file_bytes != want + 8) {
         fclose(f);

@@ -2345,6 +2345,17 @@ static void test_hardening(void) {
     cli_expect("--random 32,1,4,2,64,50,64abc", 0, "field 7 (TMAX) is not an integer");
     cli_expect("--random 32,1,4,2,64,50,64,99,1", 0, "more than 7 fields");
     cli_expect("--random 32,1,4,2,64,50", 0, "only 6 fields");
+    cli_expect("--random ' 32,1,4,2,64,50,32'", 0, "field 1 (D) is not an integer");
+    /* One number syntax for every numeric flag: decimal, no space, no hex, no underflow to 0 */
+    cli_expect("--random 32,1,4,2,64,50,32 -n ' 5'", 0, "-n ' 5': expected an integer");
+    cli_expect("--random 32,1,4,2,64,50,32 -n 0x10", 0, "-n '0x10': expected an integer");
+    cli_expect("--random 32,1,4,2,64,50,32 -t 0x10", 0, "-t '0x10': expected a number");
+    cli_expect("--random 32,1,4,2,64,50,32 -t 1e-400", 0, "-t '1e-400': expected a number in [0, 100] (out of a double");
+    cli_expect("--random 32,1,4,2,64,50,32 -t ' 1'", 0, "-t ' 1': expected a number");
+    cli_expect("--random 32,1,4,2,64,50,32 -n 2 -t 1.5e-1", 1, "");
+    /* A message quotes a byte of the input escaped: no raw ESC or 0xff reaches the terminal */
+    cli_expect("-n \"$(printf '\\033[2J')\"", 0, "-n '\\x1b[2J': expected an integer");
+    cli_expect("-n 2 -i \"$(printf 'a\\377b')\"", 0, "character '\\xff' (byte 0xff at offset 1)");
     /* 7. NaN weights: an error naming the step, not "zzzz" and exit 0 */
     cli_expect("-m @T/nan.bin -n 5", 0, "step 0 (position 6): logit 0 is nan");
     cli_expect("-m @T/nan.bin -n 5 -t 0 --fork 2", 0, "step 0, sequence 0: logit 0 is nan");
@@ -5304,15 +5315,18 @@ static void test_rope_base(void) {
                path % 2 ? "fused" : "naive", rows, TOL_ATTN, worst);
     }
     kvt_model_free(&m2);
-    /* a damaged extension: wrong magic, a base <= 1, a NaN base */
-    struct { char magic[4]; float theta; } bad[3] = {{{'r', 'o', 'p', 'f'}, 500000.0f}, {{'r', 'o', 'p', 'e'}, 1.0f},
-                                                     {{'r', 'o', 'p', 'e'}, NAN}};
-    for (int b = 0; b < 3; b++) {
+    /* a damaged extension: wrong magic, a base <= 1, a NaN base, 1e30 and above (weights/kvt_files.py's
+     * theta_problem refuses the same bases); the message names what failed, the magic or the base */
+    struct { char magic[4]; float theta; const char *say; } bad[5] = {
+        {{'r', 'o', 'p', 'f'}, 500000.0f, "are not \"rope\""}, {{'r', 'o', 'p', 'e'}, 1.0f, "base 1 is outside (1, 1e30)"},
+        {{'r', 'o', 'p', 'e'}, NAN, "base nan is outside"}, {{'r', 'o', 'p', 'e'}, 1e30f, "base 1e+30 is outside"},
+        {{'r', 'o', 'p', 'e'}, 1e31f, "base 1e+31 is outside"}};
+    for (int b = 0; b < 5; b++) {
         f = fopen(p, "wb");
         KVT_ASSERT(f && fwrite(&hdr, sizeof(hdr), 1, f) == 1 && fwrite(&bad[b], 8, 1, f) == 1 &&
                    fwrite(m.data, 4, m.n_floats, f) == m.n_floats && fclose(f) == 0);
         st = kvt_model_load(&m2, p);
-        expect(st == KVT_EFORMAT && contains(kvt_last_error(), "\"rope\""), "checkpoint with a damaged RoPE extension "
+        expect(st == KVT_EFORMAT && contains(kvt_last_error(), bad[b].say), "checkpoint with a damaged RoPE extension "
                "(%.4s, %g) refused: %s", bad[b].magic, bad[b].theta, st == KVT_OK ? "loaded" : kvt_last_error());
         if (st == KVT_OK) kvt_model_free(&m2);
     }
@@ -5589,6 +5603,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 #endif
 
 #ifndef KVT_FUZZ
+/* KVT_TEST_ONLY=cli ./test_kvt ./kvt: run only the checks whose call contains
+ * the text ("cli" runs test_cli, test_cli_trace, ...), for a quick loop while
+ * working on one part; make test always runs them all. */
+static int run_this(const char *call) {
+    const char *only = getenv("KVT_TEST_ONLY");
+    return !only || !*only || strstr(call, only) != NULL;
+}
+#define RUN(call) do { if (run_this(#call)) call; } while (0)
+
 int main(int argc, char **argv) {
     if (argc > 2 && !strcmp(argv[1], "--write-fuzz-seeds")) { write_fuzz_seeds(argv[2]); return 0; }
     if (argc > 1 && !strcmp(argv[1], "--lint")) { /* make lint: the style check, apart from the suite */
@@ -5609,82 +5632,82 @@ int main(int argc, char **argv) {
 #endif
     int gpu = kvt_gpu_available();
     printf("kvtransformer tests; GPU kernels run on: %s\n", gpu ? kvt_gpu_name() : "nothing (no CUDA device)");
-    test_rmsnorm(0);
-    test_matmul(0);
-    test_rope(0, 10000.0);
-    test_rope(0, 500000.0);
-    test_swiglu_residual_embed(0);
-    test_fp16();
-    test_fast_formats();
-    test_int8_group();
-    test_attention(0);
-    test_attention_ragged(0);
-    test_attention_spec();
-    test_threads();
-    test_gpu_split_rule();
-    test_cache_on_off();
-    test_prefill();
-    test_quantized_e2e();
-    test_fork_cow(0);
-    test_batch(0);
-    test_fork_sampling();
-    test_prefix_reuse(0);
-    test_batch_exhaustion();
-    test_fork_memory();
-    test_trace_scenario(0);
-    test_trace_shapes();
-    test_bad_input();
-    test_sizes();
-    test_bpe();
-    test_bpe_fast();
-    test_byte_level();
-    test_smollm2_fixture();
-    test_sampler();
-    test_default_model();
-    test_serve();
-    test_swap_roundtrip();
-    test_prefix_confirm();
-    test_hardening();
-    test_outputs();
-    test_kv_group_default();
-    test_cli();
-    test_cli_no_device();
-    test_cli_trace();
-    test_serve_cli();
-    test_dump_logits();
-    test_chat_default_model();
-    test_chat_random();
-    test_chat_templates();
-    test_chat_limits();
-    test_llama2c_commands();
-    test_dump_attn();
-    test_rope_base();
-    test_smollm2_logits();
-    test_hf_export();
-    test_hf_export_refusals();
-    test_gguf_export();
-    test_section_map();
-    test_comment_counter();
-    test_bench_shapes();
-    test_bench_run();
-    test_bench_serve();
+    RUN(test_rmsnorm(0));
+    RUN(test_matmul(0));
+    RUN(test_rope(0, 10000.0));
+    RUN(test_rope(0, 500000.0));
+    RUN(test_swiglu_residual_embed(0));
+    RUN(test_fp16());
+    RUN(test_fast_formats());
+    RUN(test_int8_group());
+    RUN(test_attention(0));
+    RUN(test_attention_ragged(0));
+    RUN(test_attention_spec());
+    RUN(test_threads());
+    RUN(test_gpu_split_rule());
+    RUN(test_cache_on_off());
+    RUN(test_prefill());
+    RUN(test_quantized_e2e());
+    RUN(test_fork_cow(0));
+    RUN(test_batch(0));
+    RUN(test_fork_sampling());
+    RUN(test_prefix_reuse(0));
+    RUN(test_batch_exhaustion());
+    RUN(test_fork_memory());
+    RUN(test_trace_scenario(0));
+    RUN(test_trace_shapes());
+    RUN(test_bad_input());
+    RUN(test_sizes());
+    RUN(test_bpe());
+    RUN(test_bpe_fast());
+    RUN(test_byte_level());
+    RUN(test_smollm2_fixture());
+    RUN(test_sampler());
+    RUN(test_default_model());
+    RUN(test_serve());
+    RUN(test_swap_roundtrip());
+    RUN(test_prefix_confirm());
+    RUN(test_hardening());
+    RUN(test_outputs());
+    RUN(test_kv_group_default());
+    RUN(test_cli());
+    RUN(test_cli_no_device());
+    RUN(test_cli_trace());
+    RUN(test_serve_cli());
+    RUN(test_dump_logits());
+    RUN(test_chat_default_model());
+    RUN(test_chat_random());
+    RUN(test_chat_templates());
+    RUN(test_chat_limits());
+    RUN(test_llama2c_commands());
+    RUN(test_dump_attn());
+    RUN(test_rope_base());
+    RUN(test_smollm2_logits());
+    RUN(test_hf_export());
+    RUN(test_hf_export_refusals());
+    RUN(test_gguf_export());
+    RUN(test_section_map());
+    RUN(test_comment_counter());
+    RUN(test_bench_shapes());
+    RUN(test_bench_run());
+    RUN(test_bench_serve());
     if (gpu) {
-        test_gpu_alloc_error();
-        test_rmsnorm(1);
-        test_matmul(1);
-        test_rope(1, 10000.0);
-        test_rope(1, 500000.0);
-        test_swiglu_residual_embed(1);
-        test_block_reduce();
-        test_attention(1);
-        test_launch_count();
-        test_attention_ragged(1);
-        test_kv_write_bytes();
-        test_gpu_matrix();
-        test_fork_cow(1);
-        test_batch(1);
-        test_prefix_reuse(1);
-        test_trace_scenario(1);
+        RUN(test_gpu_alloc_error());
+        RUN(test_rmsnorm(1));
+        RUN(test_matmul(1));
+        RUN(test_rope(1, 10000.0));
+        RUN(test_rope(1, 500000.0));
+        RUN(test_swiglu_residual_embed(1));
+        RUN(test_block_reduce());
+        RUN(test_attention(1));
+        RUN(test_launch_count());
+        RUN(test_attention_ragged(1));
+        RUN(test_kv_write_bytes());
+        RUN(test_gpu_matrix());
+        RUN(test_fork_cow(1));
+        RUN(test_batch(1));
+        RUN(test_prefix_reuse(1));
+        RUN(test_trace_scenario(1));
     } else {
         skip("GPU kernel checks: an nvcc build without a CUDA device (the C build emulates them)");
     }

@@ -141,13 +141,36 @@ static void usage(FILE *f) {
         "refused (each thread takes a stack: a team of 100,000 overflows it)\n", KVT_THREADS_PER_CORE);
 }
 
-/* Parse an int/float flag value with its allowed range; 0 on error (message set). */
-/* The whole string must be a number (strtol/strtod's `end` must reach the
- * NUL), so "12abc" or "" is an error, not 12 or 0. */
+/* One number syntax for every numeric flag: an optional '-', decimal digits
+ * and, for a float, an optional fraction and exponent ("-1.5e-3", ".5").
+ * No leading or trailing space, no '+', no hex ("0x10"), no "inf"/"nan":
+ * strtol/strtod alone accept " 5" and 0x10 and read 1e-400 as 0. */
+static int number_syntax_ok(const char *s, int is_float) {
+    const char *p = s;
+    int digits = 0;
+    if (*p == '-') p++;
+    while (*p >= '0' && *p <= '9') { p++; digits++; }
+    if (is_float && *p == '.') {
+        p++;
+        while (*p >= '0' && *p <= '9') { p++; digits++; }
+    }
+    if (!digits) return 0;
+    if (is_float && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (*p == '-' || *p == '+') p++;
+        if (!(*p >= '0' && *p <= '9')) return 0;
+        while (*p >= '0' && *p <= '9') p++;
+    }
+    return *p == '\0';
+}
+/* Parse an int/float flag value with its allowed range; 0 on error (message
+ * set). The syntax is checked first, then the value: strtol/strtod's ERANGE
+ * (an overflow, or a float that underflows to 0 or a denormal) is refused. */
 static int arg_long(const char *flag, const char *s, long lo, long hi, long *out) {
     char *end;
-    long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || v < lo || v > hi) {
+    errno = 0;
+    long v = number_syntax_ok(s, 0) ? strtol(s, &end, 10) : 0;
+    if (!number_syntax_ok(s, 0) || errno || v < lo || v > hi) {
         kvt_fail(KVT_EARG, "%s '%s': expected an integer in [%ld, %ld]", flag, s, lo, hi);
         return 0;
     }
@@ -156,9 +179,11 @@ static int arg_long(const char *flag, const char *s, long lo, long hi, long *out
 }
 static int arg_float(const char *flag, const char *s, double lo, double hi, double *out) {
     char *end;
-    double v = strtod(s, &end);
-    if (*s == '\0' || *end != '\0' || !(v >= lo && v <= hi)) {
-        kvt_fail(KVT_EARG, "%s '%s': expected a number in [%g, %g]", flag, s, lo, hi);
+    errno = 0;
+    double v = number_syntax_ok(s, 1) ? strtod(s, &end) : 0;
+    if (!number_syntax_ok(s, 1) || errno || !(v >= lo && v <= hi)) {
+        kvt_fail(KVT_EARG, "%s '%s': expected a number in [%g, %g]%s", flag, s, lo, hi,
+                 errno == ERANGE ? " (out of a double's range)" : "");
         return 0;
     }
     *out = v;
@@ -175,6 +200,8 @@ static int arg_random(const char *s, kvt_config *r) {
         char *end;
         errno = 0;
         long v = strtol(p, &end, 10);
+        const char *d = p + (*p == '-'); /* decimal: an optional '-' (then "out of range"), digits; no space or hex */
+        if (*d < '0' || *d > '9') end = (char *)p;
         if (end == p || errno || v < 1 || v > INT_MAX || *end != (i < 6 ? ',' : '\0')) {
             char why[64];
             if (end == p || (*end != ',' && *end != '\0')) snprintf(why, sizeof(why), "field %d (%s) is not an integer", i + 1, names[i]);
@@ -727,9 +754,29 @@ static void print_token(const kvt_tokenizer *tk, int prev, int tok) {
     printf("%s", piece);
 }
 
+/* Write s for a terminal: a control byte (below 32, or 127) or a byte that is
+ * not part of a well-formed UTF-8 character is written as \xNN, so a message
+ * that quotes a file's bytes ("character '\xff'", a name holding ESC [2J)
+ * cannot clear or recolour the screen. Well-formed UTF-8 ("é") is kept. */
+static void put_escaped(FILE *f, const char *s) {
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        int len = *p < 0x80 ? 1 : (*p & 0xE0) == 0xC0 && *p >= 0xC2 ? 2 : (*p & 0xF0) == 0xE0 ? 3
+                : (*p & 0xF8) == 0xF0 && *p <= 0xF4 ? 4 : 0;
+        for (int i = 1; i < len; i++)
+            if ((p[i] & 0xC0) != 0x80) len = 0; /* a cut or malformed sequence (a NUL stops here too) */
+        if (len == 1 && (*p < 32 || *p == 127)) len = 0;
+        if (len == 0) { fprintf(f, "\\x%02x", *p++); continue; }
+        fwrite(p, 1, (size_t)len, f);
+        p += len;
+    }
+}
 /* The one way the CLI reports a failure: the library's message on stderr. */
 static int cli_fail(const char *what) {
-    fprintf(stderr, "kvt: %s%s\n", what ? what : "", kvt_errbuf);
+    fputs("kvt: ", stderr);
+    put_escaped(stderr, what ? what : "");
+    put_escaped(stderr, kvt_errbuf);
+    fputc('\n', stderr);
     return 1;
 }
 
@@ -903,9 +950,11 @@ static int run_single(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_
         if ((st = cli_outputs_ok(a)) != KVT_OK) break;
     }
     printf("\n");
-    if (stop >= 0 && n == np) /* nothing printed: say why */
-        fprintf(stderr, "kvt: the model's first token was its end marker '%s' (id %d), so there is no text; an "
-                "instruct model answers in --chat\n", tk->vocab[stop], stop);
+    if (stop >= 0 && n == np) { /* nothing printed: say why */
+        fputs("kvt: the model's first token was its end marker '", stderr);
+        put_escaped(stderr, tk->vocab[stop]);
+        fprintf(stderr, "' (id %d), so there is no text; an instruct model answers in --chat\n", stop);
+    }
     if (dt) { /* the ids fed, then the last chosen (which was not fed) */
         for (int i = 0; i < n; i++) fprintf(dt, "%d\n", hist[i]);
         if (stop >= 0) fprintf(dt, "%d\n", stop);

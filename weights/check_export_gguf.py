@@ -167,6 +167,10 @@ def check_hand_blocks(exporter):
     spec = importlib.util.spec_from_file_location("export_gguf", exporter)
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
+    # ggml pads dims with 1s: a feed_forward_length of 1 makes the plan's ffn_gate [64, 1], which must
+    # equal the file's [64, 1, 1, 1] (once only the file's side was trimmed: "[64, 1], expected [64, 1]")
+    report(m.trimmed([64, 1, 1, 1]) == m.trimmed([64, 1]) == [64] and m.trimmed([1, 64]) == [1, 64],
+           "tensor dims: trailing 1s are dropped on both sides ([64, 1, 1, 1] is [64, 1]; [1, 64] stays)")
     for kind, raw, n, want in HAND:
         got = list(m.dequantize(kind, raw, n))
         bad = next((i for i, (a, b) in enumerate(zip(got, want)) if struct.pack("<f", a) != struct.pack("<f", b)),
@@ -671,6 +675,13 @@ def cases():
         ("llama.rope.scale_linear 2", kv("llama.rope.scale_linear", "FLOAT32", 2.0), ["llama.rope.scale_linear"]),
         ("llama.rope.freq_base 0.5", kv("llama.rope.freq_base", "FLOAT32", 0.5), ["llama.rope.freq_base"]),
         ("llama.rope.freq_base NaN", kv("llama.rope.freq_base", "FLOAT32", math.nan), ["llama.rope.freq_base"]),
+        # kvt's loader takes a base below 1e30 only: the exporter refuses what kvt would
+        ("llama.rope.freq_base 1e30 (kvt's limit)", kv("llama.rope.freq_base", "FLOAT32", 1e30),
+         ["llama.rope.freq_base", "below 1e30"]),
+        ("llama.rope.freq_base 1e31", kv("llama.rope.freq_base", "FLOAT32", 1e31), ["llama.rope.freq_base",
+                                                                                    "below 1e30"]),
+        ("a 2-piece vocabulary (kvt needs ids 1 and 2)", kv("tokenizer.ggml.tokens", "ARRAY:STRING", ["a", "b"]),
+         ["tokenizer.ggml.tokens holds 2 pieces", "[3, "]),
         ("layer_norm_rms_epsilon 1e-6", kv("llama.attention.layer_norm_rms_epsilon", "FLOAT32", 1e-6),
          ["llama.attention.layer_norm_rms_epsilon", "1e-5"]),
         ("no layer_norm_rms_epsilon", kv("llama.attention.layer_norm_rms_epsilon", None, None),

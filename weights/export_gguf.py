@@ -446,9 +446,10 @@ def checkpoint_plan(cfg, V, shared):
     return plan
 
 
-def dims_of(t):
-    """A tensor's dims without trailing 1s (ggml pads every shape to 4 dims with 1s)."""
-    dims = list(t.dims)
+def trimmed(dims):
+    """Dims without trailing 1s (ggml pads every shape to 4 dims with 1s), so
+    [64, 1] and [64] are one shape: both sides of a comparison are trimmed."""
+    dims = list(dims)
     while len(dims) > 1 and dims[-1] == 1:
         dims.pop()
     return dims
@@ -471,9 +472,9 @@ def check_tensors(g, plan):
         t = g.tensors.get(name)
         if t is None:
             raise Refused(g.path, f"tensor {name} is missing")
-        if dims_of(t) != dims:
-            raise Refused(g.path, f"tensor {name} has dims {t.dims}, expected {dims} (ggml order: the row length "
-                          "first)")
+        if trimmed(t.dims) != trimmed(dims):
+            raise Refused(g.path, f"tensor {name} has dims {trimmed(t.dims)}, expected {trimmed(dims)} (ggml order: "
+                          "the row length first; trailing 1s dropped)")
         if type_name(t.type) not in READ:
             raise Refused(g.path, f"tensor {name}: type {type_name(t.type)} is not read (only F32, F16, Q8_0, Q4_0 "
                           "and Q4_1 are)")
@@ -513,9 +514,9 @@ def build_tokenizer(g):
     model = g.get("tokenizer.ggml.model", ("STRING",), "a string")
     tokens = g.get("tokenizer.ggml.tokens", ("ARRAY[STRING]",), "an array of strings")
     V = len(tokens)
-    if not 1 <= V <= kf.LIMIT_VOCAB:
-        raise Refused(g.path, f"tokenizer.ggml.tokens holds {V} pieces: must be in [1, {kf.LIMIT_VOCAB}] "
-                      "(kvt's KVT_LIMIT_VOCAB)")
+    if not kf.MIN_VOCAB <= V <= kf.LIMIT_VOCAB:
+        raise Refused(g.path, f"tokenizer.ggml.tokens holds {V} pieces: must be in [{kf.MIN_VOCAB}, "
+                      f"{kf.LIMIT_VOCAB}] (kvt: ids 1 and 2 are BOS and EOS; KVT_LIMIT_VOCAB)")
     n = g.integer("llama.vocab_size", 0, 1 << 32, "a count", required=False)
     if n is not None and n != V:
         raise Refused(g.path, f"llama.vocab_size = {n}, but tokenizer.ggml.tokens holds {V} pieces")

@@ -69,13 +69,17 @@ def eps_ok(eps):
 # ---- the checkpoint ---------------------------------------------------------------
 
 def theta_problem(theta):
-    """Why theta cannot be stored (None when it can): the extension holds a
-    finite float32 above 1."""
+    """Why theta cannot be stored (None when it can): kvt's loader takes a
+    float32 base in (1, 1e30) (kvt_model_load: the same rule, so nothing the
+    exporters write is refused by kvt)."""
     if isinstance(theta, bool) or not isinstance(theta, (int, float)):
         return "a number is needed"
-    if not (math.isfinite(theta) and abs(theta) < 3.4e38 and float32(theta) > 1.0):
-        return "the RoPE base must be finite and above 1"
+    if not (math.isfinite(theta) and abs(theta) < 3.4e38 and 1.0 < float32(theta) < float32(1e30)):
+        return "the RoPE base must be above 1 and below 1e30 (kvt's loader)"
     return None
+
+
+MIN_VOCAB = 3  # kvt with a tokenizer: ids BOS = 1 and EOS = 2 are pieces of the vocabulary
 
 
 def checkpoint_header(dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len, shared, theta):
