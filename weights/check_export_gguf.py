@@ -401,6 +401,47 @@ def check_model(exporter, base, title, model):
            f"got {rest[:40]!r}... ({len(rest)} bytes), want {trailer[:40]!r}... ({len(trailer)} bytes)")
 
 
+# A signal while the checkpoint is being written: the exporter itself, run with
+# its write_tensor wrapped so the process sends itself the signal before the
+# third tensor (a real signal, delivered at a known point, not a race).
+SIGNAL_RUNNER = """
+import os, signal, sys
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import importlib.util
+spec = importlib.util.spec_from_file_location("export_gguf", sys.argv[1])
+ex = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ex)
+plain, count = ex.write_tensor, [0]
+def write_tensor(f, g, t):
+    count[0] += 1
+    if count[0] == 3:
+        os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+    plain(f, g, t)
+ex.write_tensor = write_tensor
+sys.exit(ex.main(["export_gguf.py"] + sys.argv[3:]))
+"""
+
+
+def check_signals(exporter, base):
+    """TERM, HUP and INT mid-write: one line, exit 1, no hidden temporary left,
+    the old outputs untouched."""
+    os.makedirs(base)
+    src, out_m, out_t = (os.path.join(base, n) for n in ("in.gguf", "model.bin", "tokenizer.bin"))
+    Model().write(src)
+    for path in (out_m, out_t):
+        with open(path, "wb") as f:
+            f.write(b"the old output")
+    for name in ("SIGTERM", "SIGHUP", "SIGINT"):
+        before = snapshot(base)
+        rc, _, err = run([sys.executable, "-c", SIGNAL_RUNNER, exporter, name, src, out_m, out_t])
+        after = snapshot(base)
+        ok = (rc == 1 and "Traceback" not in err and len(err.splitlines()) == 1 and err.startswith(TOOL)
+              and f"stopped by {name}" in err and after == before)
+        report(ok, f"{name} while writing: one line, exit 1, no temporary left, the old outputs kept",
+               f"exit {rc}; changed: {sorted(set(before) ^ set(after))}; stderr {err.strip()[-300:]!r}")
+
+
 def check_sentencepiece(exporter, base):
     os.makedirs(base)
     src, out_m, out_t = (os.path.join(base, n) for n in ("in.gguf", "model.bin", "tokenizer.bin"))
@@ -473,6 +514,8 @@ def expect_refusal(title, cmd, want, watch):
     missing = [w for w in want if w not in err]
     if missing:
         problems.append(f"the message lacks {missing}")
+    if any(not c.isprintable() for c in err[:-1]):
+        problems.append("a non-printable character on stderr (unescaped)")
     after = snapshot(watch)
     if after != before:
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
@@ -633,6 +676,11 @@ def cases():
         ("a string that is not UTF-8", kv("general.name", "STRING", b"\xff\xfe"), ["in.gguf", "general.name",
                                                                                  "UTF-8"]),
         ("a tensor given twice", edit(lambda m: m.tensors.append(list(m.tensor(last)))), [last, "twice"]),
+        # names and keys from the file reach the terminal escaped: no raw ESC or NUL
+        ("a tensor name with ESC sequences", add("evil\x1b[2J\x1b[31mRED", [D]),
+         ["tensor evil\\x1b[2J\\x1b[31mRED", "not a tensor"]),
+        ("a key with NUL and ESC given twice", edit(lambda m: m.kv.extend([("x\x00\x1b", "UINT32", 1)] * 2)),
+         ["metadata key x\\x00\\x1b appears twice"]),
         ("a tensor of 5 dims", edit(lambda m: m.tensor(last).__setitem__(1, [D, 1, 1, 1, 1])), [last, "5 dims"]),
         ("general.alignment 0", kv("general.alignment", "UINT32", 0), ["general.alignment", "power of two"]),
         ("general.alignment 48", kv("general.alignment", "UINT32", 48), ["general.alignment", "power of two"]),
@@ -785,6 +833,7 @@ def main(argv):
                  Model(theta=500000.0, tied=False, pre="gpt-2", add_bos=True, seed=7))]):
             check_model(exporter, os.path.join(scratch, f"model{k}"), title, model)
         check_sentencepiece(exporter, os.path.join(scratch, "spm"))
+        check_signals(exporter, os.path.join(scratch, "signals"))
 
         def accepted(title, fn):
             m = Model()

@@ -616,6 +616,7 @@ def main(argv):
         return 2
     src, model_out, tok_out = argv[1:]
     t0 = time.time()
+    kf.stop_on_signals()
     try:
         cfg, V, shared, tok_summary = export(src, model_out, tok_out)
     except Exception as e:  # one line, never a traceback (kvt_files.refusal)
@@ -628,7 +629,7 @@ def main(argv):
               f"{'tied to the embeddings' if shared else 'separate'}; {tok_out}: {tok_summary}; "
               f"{time.time() - t0:.1f} s", file=sys.stderr)
         return 0
-    print("export_gguf.py: " + message.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
+    print("export_gguf.py: " + kf.printable(message), file=sys.stderr)
     return 1
 
 

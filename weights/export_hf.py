@@ -694,6 +694,7 @@ def main(argv):
         print(__doc__.split("\n\n")[0] + "\n\nusage: export_hf.py HF_DIR model.bin tokenizer.bin", file=sys.stderr)
         return 2
     directory, model_out, tok_out = argv[1:]
+    kf.stop_on_signals()
     try:
         cfg, shared, tok_summary = export(directory, model_out, tok_out)
     except Exception as e:  # one line, never a traceback (kvt_files.refusal)
@@ -705,7 +706,7 @@ def main(argv):
               f"classifier {'tied to the embeddings' if shared else 'separate'}; {tok_out}: {tok_summary}",
               file=sys.stderr)
         return 0
-    print("export_hf.py: " + message.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
+    print("export_hf.py: " + kf.printable(message), file=sys.stderr)
     return 1
 
 

@@ -24,6 +24,7 @@ Every refusal is a Refused(path, what): the exporter prints it as one line,
 import json
 import math
 import os
+import signal
 import stat
 import struct
 
@@ -103,6 +104,14 @@ def write_zeros(f, nbytes):
 
 
 # ---- the tokenizer ------------------------------------------------------------------
+
+def printable(text):
+    """text for a terminal: every non-printable character (ESC, NUL, a
+    newline, an undecodable byte kept as a surrogate) written as its Python
+    escape (\\x1b, \\x00, \\n, \\udcff), so a tensor name or key taken from a file
+    cannot clear or recolour the screen. Printable text (\u00e9) is kept."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
 
 def show(value):
     """A value as JSON (ASCII, escapes visible), cut short: a message stays
@@ -278,6 +287,27 @@ def replace_both(model_tmp, model_out, tok_tmp, tok_out):
             os.unlink(backup)
 
 
+class Stopped(Exception):
+    """A signal (TERM, HUP, INT) asked the exporter to stop: raised where the
+    program is, so write_outputs's cleanup runs and main prints one line."""
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+RENAMED = [False]  # set once write_outputs has renamed both outputs into place
+
+
+def stop_on_signals():
+    """TERM, HUP and INT (Ctrl-C) become Stopped, an ordinary exception: the
+    hidden temporaries are removed and the line is one line, not a
+    KeyboardInterrupt traceback (nor, for TERM and HUP, files left behind)."""
+    def stop(signum, frame):
+        if RENAMED[0]:  # both outputs are in place: the export is done, let it finish its line
+            return
+        raise Stopped(f"stopped by {signal.Signals(signum).name}: nothing written, the old outputs are kept")
+    for s in STOP_SIGNALS:
+        signal.signal(s, stop)
+
+
 def write_outputs(model_out, tok_out, tok_bytes, write_model):
     """Both outputs to temporaries (write_model(f) writes the checkpoint),
     each flushed to disk, then both renamed into place; on any failure both
@@ -297,7 +327,13 @@ def write_outputs(model_out, tok_out, tok_bytes, write_model):
                     os.fsync(f.fileno())  # the data is on disk before the name points at it
             except OSError as e:
                 raise Refused(final, f"writing {tmp} failed: {e.strerror or e}") from None
-        replace_both(temps[1], model_out, temps[0], tok_out)
+        # the two renames are not interrupted half-way: a signal waits until both are done
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            replace_both(temps[1], model_out, temps[0], tok_out)
+            RENAMED[0] = True
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     finally:
         for tmp in temps:
             if os.path.lexists(tmp):
@@ -310,6 +346,8 @@ def refusal(exc, src):
     the exporter lacks (still one line, never a traceback)."""
     if isinstance(exc, Refused):
         return str(exc)
+    if isinstance(exc, Stopped):
+        return f"{src}: {exc}"
     if isinstance(exc, OSError):  # an input that cannot be read (permissions, I/O error)
         return f"{exc.filename or src}: {exc.strerror or exc}"
     if isinstance(exc, MemoryError):
