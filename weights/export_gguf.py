@@ -107,6 +107,13 @@ class Cursor:
         self.pos += n
         return self.buf[i:i + n]
 
+    def skip(self, n, what):
+        """Move past n bytes without reading them (checked against the file's size)."""
+        if n > self.size - self.pos:
+            raise Refused(self.path, f"truncated: {what} needs {n} bytes at offset {self.pos}, the file has "
+                          f"{self.size - self.pos} left")
+        self.pos += n
+
     def u32(self, what):
         return struct.unpack("<I", self.take(4, what))[0]
 
@@ -129,7 +136,37 @@ class Value:
         self.kind, self.value = kind, value
 
 
+# The only arrays the export uses; any other array is read past, not built as
+# Python objects (a 60M-element BOOL array would take a gigabyte as a list).
+NEEDED_ARRAYS = {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+                 "tokenizer.ggml.merges"}
+
+
+def skip_array(c, etype, n, what, depth):
+    """Read past an array's n elements of type etype, keeping nothing."""
+    ename, ecode, esize = VALUE_TYPES[etype]
+    if ename == "STRING":
+        for i in range(n):
+            c.skip(c.u64(f"the length of {what}[{i}]"), f"{what}[{i}]")
+    elif ename == "ARRAY":
+        if depth >= MAX_NESTING:
+            raise Refused(c.path, f"{what}: arrays nested more than {MAX_NESTING} deep")
+        for i in range(n):
+            inner = c.u32(f"the element type of {what}[{i}]")
+            if inner not in VALUE_TYPES:
+                raise Refused(c.path, f"{what}[{i}]: unknown element type {inner} (GGUF v3 has types 0..12)")
+            m = c.u64(f"the length of {what}[{i}]")
+            if m * VALUE_TYPES[inner][2] > c.size - c.pos:
+                raise Refused(c.path, f"truncated: {what}[{i}] holds {m} values, more than the {c.size - c.pos} "
+                              "bytes left in the file")
+            skip_array(c, inner, m, f"{what}[{i}]", depth + 1)
+    else:
+        c.skip(n * esize, what)
+
+
 def read_value(c, vtype, what, depth=0):
+    """One metadata value. An array is built only for NEEDED_ARRAYS (at most
+    KVT_LIMIT_VOCAB elements); any other array is skipped: Value(kind, None)."""
     if vtype not in VALUE_TYPES:
         raise Refused(c.path, f"{what}: unknown value type {vtype} (GGUF v3 has types 0..12)")
     name, code, size = VALUE_TYPES[vtype]
@@ -144,6 +181,11 @@ def read_value(c, vtype, what, depth=0):
         if n * esize > c.size - c.pos:  # each element takes at least esize bytes
             raise Refused(c.path, f"truncated: {what} holds {n} {ename} values, more than the {c.size - c.pos} "
                           "bytes left in the file")
+        if depth > 0 or what not in NEEDED_ARRAYS:
+            skip_array(c, etype, n, what, depth)
+            return Value(f"ARRAY[{ename}]", None)
+        if n > kf.LIMIT_VOCAB:
+            raise Refused(c.path, f"{what} holds {n} values: more than kvt's KVT_LIMIT_VOCAB ({kf.LIMIT_VOCAB})")
         if ename == "STRING":
             return Value("ARRAY[STRING]", [c.string(f"{what}[{i}]") for i in range(n)])
         if ename == "ARRAY":
