@@ -5032,9 +5032,14 @@ static void test_chat_limits(void) {
            "--chat: a pool of 3 chunks of 4 is a context of 12, ended the same way (%d positions)", n);
     write_text(tmp_file("bad.txt"), "1,2\nx,1\n", 8);
     cli_expect("--random 64,2,4,2,128,100,64 --chat -n 2 < @T/bad.txt", 0,
-               "--chat: turn 2 (a line of token ids): --tokens 'x,1': item 1 is not a token id");
+               "--chat: turn skipped (a line of token ids): --tokens 'x,1': item 1 is not a token id");
     write_text(tmp_file("bad.txt"), "ROMEO\xc3\xa9\n", 8);
-    cli_expect("--chat -n 2 < @T/bad.txt", 0, "--chat: turn 1: text: character");
+    cli_expect("--chat -n 2 < @T/bad.txt", 0, "--chat: turn skipped: text: character");
+    /* a turn the vocabulary cannot encode (a tab) is skipped: the next is answered, and the exit is 1 */
+    write_text(tmp_file("bad.txt"), "hi\na\tb\nbye\n", 11);
+    rc = cli_run("--chat -n 2 -t 0 --dump-tokens @T/skip_ids.txt < @T/bad.txt", out, sizeof(out));
+    expect(rc != 0 && contains(out, "turn skipped: text: character '\\x09'") && contains(out, "\nbye\n") &&
+           contains(out, "1 turn(s) skipped"), "--chat: an unencodable turn 2 is skipped, turn 3 answered, exit 1: %.300s", out);
     /* a first turn that cannot fit is an error: nothing was answered */
     char *long_turn = (char *)kvt_malloc(5000);
     memset(long_turn, 'a', 5000);

@@ -84,7 +84,8 @@ static void usage(FILE *f) {
         "  -s, --seed N            sampling seed (default 42)\n"
         "  --chat, --mode chat     a conversation: a turn per line of stdin (the first may be -i) in one cached\n"
         "                          sequence (--mode generate: one prompt, the default); a full context ends it\n"
-        "                          with exit 0, unless not even turn 1 fits (exit 1)\n"
+        "                          with exit 0, unless not even turn 1 fits (exit 1); a turn the vocabulary\n"
+        "                          cannot encode is skipped with a line on stderr, and the exit is then 1\n"
         "  --template llama2|zephyr|plain|chatml   --chat: [INST] ... [/INST] (llama2.c's), <|user|> ... (TinyLlama),\n"
         "                          the text as is, <|im_start|>user ... (SmolLM2, Qwen) (default: chatml when the\n"
         "                          vocabulary has <|im_start|>, else llama2 with byte fallback, else plain)\n"
@@ -1362,7 +1363,7 @@ static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cl
     char *line = NULL;
     size_t line_cap = 0;
     long line_no = 0;
-    int turn = 0, full = 0;
+    int turn = 0, full = 0, skipped = 0;
     long all_computed = 0;
     while (st == KVT_OK && !full) {
         const char *text = a->prompt;
@@ -1380,11 +1381,17 @@ static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cl
         /* the turn's tokens: wrapped by the template, or (--random) a line of ids taken as they are */
         int *tt = ids, nt = 0;
         st = tk ? chat_render(&c, tk, turn, sys, text, &tt, &nt) : parse_tokens(text, V, TMAX, ids, &nt);
-        if (st != KVT_OK) {
-            char msg[sizeof(kvt_errbuf)];
-            snprintf(msg, sizeof(msg), "%s", kvt_errbuf);
-            st = kvt_fail(st, "--chat: turn %d%s: %s", turn + 1, tk ? "" : " (a line of token ids)", msg);
-            break;
+        if (st != KVT_OK) { /* a turn the vocabulary cannot encode: say so, read the next; exit 1 at the end */
+            fflush(stdout);
+            fprintf(stderr, "kvt: --chat: turn skipped%s: ", tk ? "" : " (a line of token ids)");
+            put_escaped(stderr, kvt_errbuf);
+            fputc('\n', stderr);
+            kvt_errbuf[0] = '\0';
+            st = KVT_OK;
+            skipped++;
+            if (turn == 0) first_given = 0; /* -i's turn is used up: the next turn comes from stdin */
+            if (tt != ids) free(tt);
+            continue;
         }
         if (c.n + nt > c.room && turn == 0) { /* nothing was answered: an error, not an end */
             st = kvt_fail(KVT_ECONTEXT, "--chat: turn 1 is %d positions and the context holds %d%s: nothing can be "
@@ -1458,8 +1465,10 @@ static int run_chat(kvt_engine *e, kvt_model *m, const kvt_tokenizer *tk, kvt_cl
     for (int i = 0; dt && i < c.n; i++) fprintf(dt, "%d\n", c.hist[i]);
     st = cli_close(c.dl, "--dump-logits", a->dump_logits, st);
     st = cli_close(dt, "--dump-tokens", a->dump_tokens, st);
+    if (st == KVT_OK && skipped)
+        st = kvt_fail(KVT_EARG, "--chat: %d turn(s) skipped, each with its reason above", skipped);
     int rc = st == KVT_OK ? 0 : cli_fail("");
-    if (st == KVT_OK && a->stats) {
+    if ((st == KVT_OK || skipped) && a->stats) {
         const kvt_seq *live = &s;
         print_stats(e, &live, 1);
         fprintf(stderr, "[stats] chat: %d turns, a transcript of %d positions; %ld positions computed in %d forward "
