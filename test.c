@@ -4111,8 +4111,8 @@ static void test_byte_level(void) {
     kvt_tokenizer_free(&tk);
 
     /* malformed trailers: each refused with one line naming what is wrong */
-    struct { const char *what, *msg; bl_opts o; } bad[8];
-    for (int i = 0; i < 8; i++) bad[i].o = bl_default(KVT_PRE_SMOLLM);
+    struct { const char *what, *msg; bl_opts o; } bad[9];
+    for (int i = 0; i < 9; i++) bad[i].o = bl_default(KVT_PRE_SMOLLM);
     bad[0].what = "bad magic"; bad[0].msg = "not a byte-level trailer"; bad[0].o.magic = "BBPX";
     bad[1].what = "a merge id out of range"; bad[1].msg = "merge 0 (272, 102): an id is out of range";
     bad[1].o.bad_left = BL_V;
@@ -4124,7 +4124,10 @@ static void test_byte_level(void) {
     bad[5].o.n_merges = BL_MERGES + 1;
     bad[6].what = "a short header"; bad[6].msg = "ends inside its header"; bad[6].o.header_ints = 3;
     bad[7].what = "bos_id out of range"; bad[7].msg = "bos_id 272 or eos_id 2 is out of range"; bad[7].o.bos = BL_V;
-    for (int i = 0; i < 8; i++) {
+    /* cut just before "BBPE": no longer a legacy file in disguise (ids 1 and 2 would be <|im_start|>, <|im_end|>) */
+    bad[8].what = "the file cut before it"; bad[8].msg = "ends without the \"BBPE\" trailer: truncated?";
+    bad[8].o.magic = ""; bad[8].o.header_ints = 0;
+    for (int i = 0; i < 9; i++) {
         write_byte_level_tokenizer(p, bad[i].o);
         st = kvt_tokenizer_load(&tk, p, BL_V);
         expect(st == KVT_EFORMAT && contains(kvt_last_error(), bad[i].msg), "byte-level trailer with %s refused: %s",

@@ -103,6 +103,14 @@ static int cp_to_byte(int cp) {
         if (!byte_printable(b) && 0x100 + k++ == cp) return b;
     return -1;
 }
+/* Byte b's piece in GPT-2's alphabet, as UTF-8 into s (one byte below 0x80,
+ * else two: every code point is below 0x800). */
+static const char *byte_char(int b, char s[3]) {
+    int cp = byte_to_cp(b);
+    s[0] = (char)cp; s[1] = s[2] = '\0';
+    if (cp >= 0x80) { s[0] = (char)(0xC0 | (cp >> 6)); s[1] = (char)(0x80 | (cp & 0x3F)); }
+    return s;
+}
 
 /* The code point starting text[0] (n >= 1 bytes left) and its length in
  * bytes. A byte that does not start a valid UTF-8 character (a stray
@@ -365,7 +373,15 @@ kvt_status kvt_tokenizer_load(kvt_tokenizer *t, const char *path, int V) {
     t->eos_id = KVT_EOS;
     char magic[4];
     size_t got = st == KVT_OK ? fread(magic, 1, 4, f) : 0;
-    if (st == KVT_OK && got == 4 && !memcmp(magic, "BBPE", 4)) st = read_trailer(t, f, path);
+    int alphabet = 0; /* a file cut before its trailer still holds GPT-2's 256 byte pieces ('Ġ', 'Ċ', ...) */
+    for (int b = 0; b < 256 && st == KVT_OK && got == 0; b++) {
+        char s[3];
+        alphabet += tok_lookup(t, byte_char(b, s)) >= 0;
+    }
+    if (alphabet == 256)
+        st = kvt_fail(KVT_EFORMAT, "tokenizer '%s': its pieces are byte-level BPE's (all 256 byte pieces, 'Ġ' for a "
+                      "space), but the file ends without the \"BBPE\" trailer: truncated? (export it again)", path);
+    else if (st == KVT_OK && got == 4 && !memcmp(magic, "BBPE", 4)) st = read_trailer(t, f, path);
     else if (st == KVT_OK && got > 0)
         st = kvt_fail(KVT_EFORMAT, "tokenizer '%s': bytes left after V = %d tokens, and they are not a byte-level "
                       "trailer (\"BBPE\"): a tokenizer for another model?", path, V);
@@ -374,10 +390,8 @@ kvt_status kvt_tokenizer_load(kvt_tokenizer *t, const char *path, int V) {
     for (int i = 0; i < 256; i++) { t->byte_piece[2 * i] = (char)i; t->byte_piece[2 * i + 1] = '\0'; }
     if (t->pre_tokenizer != KVT_PRE_NONE) { /* byte-level: the 256 starting pieces, and what each piece prints */
         for (int b = 0; b < 256; b++) {
-            int cp = byte_to_cp(b);
-            char s[3] = {(char)cp, 0, 0}; /* UTF-8: one byte below 0x80, else two (cp < 0x800) */
-            if (cp >= 0x80) { s[0] = (char)(0xC0 | (cp >> 6)); s[1] = (char)(0x80 | (cp & 0x3F)); }
-            t->byte_id[b] = tok_lookup(t, s);
+            char s[3];
+            t->byte_id[b] = tok_lookup(t, byte_char(b, s));
         }
         t->text = (char **)calloc((size_t)V, sizeof(char *));
         for (int i = 0; i < V && t->text; i++)
