@@ -96,6 +96,18 @@ else
   MCTX="--random 4096,2,32,32,11008,32000,4096"; CTX=4000
 fi
 say "gpu-check $(date -u '+%Y-%m-%d %H:%M UTC'), budget ${BUDGET}s, device: ${DEV:-none found}"
+# Host memory: the 7B-shape model's weights (7 GB) are checked against
+# MemAvailable, which on a lent machine starts small and grows as memory is
+# touched, so the check could refuse before any figure. On a device the limit
+# is 0.8 of the machine's known size instead (GPU_CHECK_HOST_GB, default 128:
+# the lent machines' size); a KVT_MEM_LIMIT given by the caller wins.
+if [ "$DRY" = 0 ] && [ -z "${KVT_MEM_LIMIT:-}" ]; then
+  HOST_GB=${GPU_CHECK_HOST_GB:-128}
+  export KVT_MEM_LIMIT=$((HOST_GB * 1024 * 1024 * 1024 * 8 / 10))
+  say "host memory: KVT_MEM_LIMIT=$KVT_MEM_LIMIT (0.8 of ${HOST_GB} GiB, GPU_CHECK_HOST_GB; MemAvailable may start small here)"
+else
+  say "host memory: ${KVT_MEM_LIMIT:+KVT_MEM_LIMIT=$KVT_MEM_LIMIT}${KVT_MEM_LIMIT:-MemAvailable of /proc/meminfo (DRY=1)}"
+fi
 [ "$DRY" = 1 ] || [ -n "$DEV" ] || { say "no GPU visible to nvidia-smi: run DRY=1 (make gpu-check-dry) instead"; exit 1; }
 
 # 1 versions. The probe asks the CUDA runtime what it sees; nvidia-smi only
