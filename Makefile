@@ -380,8 +380,15 @@ nvcc-check:
 # emulation (CI).
 gpu-check: deps
 	bash bench/gpu_check.sh
+# The dry run's folder is its own (bench/out/gpu-dry, emptied first), so the
+# check that only summary.txt and one archive of the logs come back can count.
 gpu-check-dry: deps
-	DRY=1 bash bench/gpu_check.sh
+	rm -rf bench/out/gpu-dry
+	DRY=1 RESULTS=bench/out/gpu-dry bash bench/gpu_check.sh
+	@n=$$(ls -A bench/out/gpu-dry | wc -l); logs=$$(tar tzf bench/out/gpu-dry/gpu-check.tar.gz | grep -c '\.log$$'); \
+	if [ "$$n" = 2 ] && [ -s bench/out/gpu-dry/summary.txt ] && [ "$$logs" -ge 5 ]; then \
+	  echo "PASS gpu-check-dry: bench/out/gpu-dry holds 2 files (summary.txt, gpu-check.tar.gz with $$logs logs)"; \
+	else echo "FAIL gpu-check-dry: bench/out/gpu-dry holds $$n files ($$(ls -A bench/out/gpu-dry | paste -sd ' ')), $$logs logs in the archive; want 2 files"; exit 1; fi
 
 # The nvcc build's host half, tested without a GPU (GPU checks skip themselves).
 nvcc-test: deps

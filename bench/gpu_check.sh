@@ -16,10 +16,12 @@
 # The figures come before the suite: the suite runs every CPU check as well and
 # may take minutes, and a short lease should still bring the figures back.
 #
-# One line per step on stdout, and the same lines plus each step's full output
-# under RESULTS (default bench/out/gpu): summary.txt, <step>.log, CSVs. Every
+# One line per step on stdout. RESULTS (default bench/out/gpu) receives two
+# files: summary.txt (those lines) and gpu-check.tar.gz (each step's full log
+# and the CSVs), because a device call brings back at most 8 files: the logs
+# are written to a temporary folder and packed after each step. Every
 # step runs under what is left of GPU_CHECK_BUDGET seconds (default 420: a
-# 10-minute call less the machine's start and the transfers); once it is spent
+# 15-minute lease also pays for the machine's start, the transfers and a rerun); once it is spent
 # the remaining steps are listed as skipped, so a short lease still brings back
 # everything that ran. The last lines give each step's seconds.
 #
@@ -33,9 +35,19 @@ cd "$(dirname "$0")/.."
 DRY=${DRY:-0}
 BUDGET=${GPU_CHECK_BUDGET:-420}
 RESULTS=${RESULTS:-bench/out/gpu}
-mkdir -p "$RESULTS"
-SUMMARY="$RESULTS/summary.txt"
+mkdir -p "$RESULTS" || exit 1
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX") || exit 1
+SUMMARY="$WORK/summary.txt"
 : > "$SUMMARY"
+# summary.txt and one archive of the rest (the probe binary left out) into
+# RESULTS: after every step, so a call killed at its time limit still brings
+# back what ran, and on any exit, which then removes the temporary folder.
+pack() {
+  cp "$SUMMARY" "$RESULTS/summary.txt" && tar czf "$RESULTS/.gpu-check.tar.gz.tmp" -C "$WORK" --exclude=./probe . &&
+    mv "$RESULTS/.gpu-check.tar.gz.tmp" "$RESULTS/gpu-check.tar.gz" ||
+    { echo "gpu-check: writing summary.txt or gpu-check.tar.gz in $RESULTS failed; the logs stay in $WORK" >&2; return 1; }
+}
+trap 'pack && rm -rf "$WORK"' EXIT
 START=$(date +%s)
 FAILED=0
 TIMES=""
@@ -49,21 +61,22 @@ step() {
   local t=$(left)
   if [ "$t" -le 0 ]; then say "$name: skipped (budget of ${BUDGET}s spent)"; TIMES="$TIMES $name=skipped"; return 124; fi
   local t0=$(date +%s)
-  timeout "$t" "$@" > "$RESULTS/$name.log" 2>&1
+  timeout "$t" "$@" > "$WORK/$name.log" 2>&1
   local rc=$?
   local dt=$(($(date +%s) - t0))
   TIMES="$TIMES $name=${dt}s"
   if [ $rc = 124 ]; then say "$name: stopped after ${dt}s (budget of ${BUDGET}s spent)"
-  elif [ $rc != 0 ]; then say "$name: FAILED (exit $rc, ${dt}s): $(grep -m1 -E 'FAIL|rror|kvt:' "$RESULTS/$name.log")"; FAILED=1
+  elif [ $rc != 0 ]; then say "$name: FAILED (exit $rc, ${dt}s): $(grep -m1 -E 'FAIL|rror|kvt:' "$WORK/$name.log")"; FAILED=1
   fi
+  pack
   return $rc
 }
 # the line of a step's log that carries its figure, prefixed by the step's name
-figure() { local line; line=$(grep -m1 -E "$2" "$RESULTS/$1.log"); say "$1: ${line:-no figure in $1.log}"; }
+figure() { local line; line=$(grep -m1 -E "$2" "$WORK/$1.log"); say "$1: ${line:-no figure in $1.log}"; }
 # --bench attention checks what it timed: fused and split against naive
 attn_diff() {
-  if grep -q 'largest difference from naive.*: within)' "$RESULTS/$1.log"; then figure "$1" 'largest difference'
-  else say "$1: FAILED: $(grep -m1 'largest difference' "$RESULTS/$1.log" || echo 'no difference line in the log')"; FAILED=1
+  if grep -q 'largest difference from naive.*: within)' "$WORK/$1.log"; then figure "$1" 'largest difference'
+  else say "$1: FAILED: $(grep -m1 'largest difference' "$WORK/$1.log" || echo 'no difference line in the log')"; FAILED=1
   fi
 }
 
@@ -118,7 +131,7 @@ NVCC_VERSION="not found"
 DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
 say "versions: nvcc $NVCC_VERSION; driver ${DRIVER:-none (no nvidia-smi, or it sees no GPU)}; compute-sanitizer ${SAN:-not installed}"
 if [ -n "$NVCC" ]; then
-  cat > "$RESULTS/probe.cu" <<'EOF'
+  cat > "$WORK/probe.cu" <<'EOF'
 #include <cstdio>
 #include <cuda_runtime.h>
 int main() { /* what the CUDA runtime sees: its version, the driver's, the devices */
@@ -137,12 +150,12 @@ int main() { /* what the CUDA runtime sees: its version, the driver's, the devic
     return 0;
 }
 EOF
-  "$NVCC" -o "$RESULTS/probe" "$RESULTS/probe.cu" > "$RESULTS/probe.log" 2>&1 && "$RESULTS/probe" > "$RESULTS/probe.log" 2>&1
+  "$NVCC" -o "$WORK/probe" "$WORK/probe.cu" > "$WORK/probe.log" 2>&1 && "$WORK/probe" > "$WORK/probe.log" 2>&1
   PROBE_RC=$?
-  say "versions: the CUDA runtime: $(head -1 "$RESULTS/probe.log")"
+  say "versions: the CUDA runtime: $(head -1 "$WORK/probe.log")"
   if [ "$DRY" != 1 ] && [ $PROBE_RC != 0 ]; then
-    say "versions: FAILED: nvidia-smi sees '$DEV', but the CUDA runtime sees no device: $(head -1 "$RESULTS/probe.log")"
-    grep -q -i insufficient "$RESULTS/probe.log" &&
+    say "versions: FAILED: nvidia-smi sees '$DEV', but the CUDA runtime sees no device: $(head -1 "$WORK/probe.log")"
+    grep -q -i insufficient "$WORK/probe.log" &&
       say "  (a driver older than the toolkit: build with the toolkit that matches the driver, or install a newer driver)"
     exit 1
   fi
@@ -151,7 +164,7 @@ elif [ "$DRY" != 1 ]; then
 fi
 
 # 2 build
-step build make BUILD=$BUILD -B -j2 kvt test_kvt && say "build: BUILD=$BUILD, $(grep -c -E '^(cc|.*nvcc) ' "$RESULTS/build.log") compiles, ok" || {
+step build make BUILD=$BUILD -B -j2 kvt test_kvt && say "build: BUILD=$BUILD, $(grep -c -E '^(cc|.*nvcc) ' "$WORK/build.log") compiles, ok" || {
   say "build failed: nothing else can run"; exit 1; }
 
 # 3 sanitizers: tiny runs, each launching a different set of kernels
@@ -167,30 +180,30 @@ else
     if step "sanitizer-$tool" bash -c 'san=$1 tool=$2; shift 2; for a in "$@"; do
           "$san" --tool "$tool" --error-exitcode 9 ./kvt --random 64,2,4,2,128,100,64 -t 0 --device gpu $a || exit $?; done' \
         _ "$SAN" "$tool" "${SAN_RUNS[@]}"; then
-      say "sanitizer-$tool: ${#SAN_RUNS[@]} runs: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$RESULTS/sanitizer-$tool.log" | sort | uniq -c | sed 's/^ *//' | paste -sd ';')"
-    elif grep -q -i -E "not supported|unable|permission" "$RESULTS/sanitizer-$tool.log"; then
-      say "sanitizer-$tool: the runtime refused it: $(grep -m1 -i -E 'not supported|unable|permission' "$RESULTS/sanitizer-$tool.log")"
+      say "sanitizer-$tool: ${#SAN_RUNS[@]} runs: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$WORK/sanitizer-$tool.log" | sort | uniq -c | sed 's/^ *//' | paste -sd ';')"
+    elif grep -q -i -E "not supported|unable|permission" "$WORK/sanitizer-$tool.log"; then
+      say "sanitizer-$tool: the runtime refused it: $(grep -m1 -i -E 'not supported|unable|permission' "$WORK/sanitizer-$tool.log")"
     fi
   done
 fi
 
 # 4 figures
-step decode ./kvt $M7B --bench decode --device gpu --csv "$RESULTS/decode.csv" && {
+step decode ./kvt $M7B --bench decode --device gpu --csv "$WORK/decode.csv" && {
   figure decode 'memory bandwidth'; figure decode '^decode'; }
-step attention-4k ./kvt $MATT --bench attention --bench-ctx $A4K --device gpu --csv "$RESULTS/attention_4k.csv" && {
+step attention-4k ./kvt $MATT --bench attention --bench-ctx $A4K --device gpu --csv "$WORK/attention_4k.csv" && {
   figure attention-4k 'naive'; figure attention-4k 'fused \(one pass\)'; attn_diff attention-4k; }
-step attention-16k ./kvt $MATT --bench attention --bench-ctx $A16K --device gpu --csv "$RESULTS/attention_16k.csv" && {
+step attention-16k ./kvt $MATT --bench attention --bench-ctx $A16K --device gpu --csv "$WORK/attention_16k.csv" && {
   figure attention-16k 'fused \(one pass\)'; figure attention-16k 'split \+ merge'; figure attention-16k 'pieces'
   attn_diff attention-16k; }
-step context ./kvt $MCTX --bench context --bench-ctx $CTX --bench-batch 4 --device gpu --csv "$RESULTS/context.csv" && {
+step context ./kvt $MCTX --bench context --bench-ctx $CTX --bench-batch 4 --device gpu --csv "$WORK/context.csv" && {
   for dt in fp32 fp16 int8; do figure context "^$dt "; done; }
 
 # 5 tests: the suite's first line names where its GPU checks ran
 if [ "$DRY" = 1 ] && [ "${DRY_TESTS:-0}" != 1 ]; then
   say "tests: skipped (DRY=1: make test runs the same suite; DRY_TESTS=1 runs it here)"
-elif step tests env KVT_SYNC=1 ./test_kvt ./kvt || [ -s "$RESULTS/tests.log" ]; then
+elif step tests env KVT_SYNC=1 ./test_kvt ./kvt || [ -s "$WORK/tests.log" ]; then
   figure tests 'passed, .* failed'
-  ran=$(grep -m1 -o 'GPU kernels run on: .*' "$RESULTS/tests.log" | sed 's/GPU kernels run on: //')
+  ran=$(grep -m1 -o 'GPU kernels run on: .*' "$WORK/tests.log" | sed 's/GPU kernels run on: //')
   if [ "$DRY" != 1 ] && ! echo "$ran" | grep -q '(sm_[0-9]*)'; then
     say "tests: FAILED: the suite's GPU checks did not run on the device (GPU kernels run on: ${ran:-no such line})"; FAILED=1
   else say "tests: GPU kernels ran on: ${ran:-no such line}"
@@ -198,5 +211,5 @@ elif step tests env KVT_SYNC=1 ./test_kvt ./kvt || [ -s "$RESULTS/tests.log" ]; 
 fi
 
 say "seconds per step:$TIMES"
-say "gpu-check: $([ $FAILED = 0 ] && echo 'every step that ran passed' || echo 'FAILED steps above'), $(( $(date +%s) - START ))s; results in $RESULTS"
+say "gpu-check: $([ $FAILED = 0 ] && echo 'every step that ran passed' || echo 'FAILED steps above'), $(( $(date +%s) - START ))s; results in $RESULTS (summary.txt, gpu-check.tar.gz)"
 exit $FAILED
