@@ -381,14 +381,17 @@ nvcc-check:
 gpu-check: deps
 	bash bench/gpu_check.sh
 # The dry run's folder is its own (bench/out/gpu-dry, emptied first), so the
-# check that only summary.txt and one archive of the logs come back can count.
+# check can count what comes back (summary.txt and one archive of the logs)
+# and see the steps in their order (the first figure before the suite).
 gpu-check-dry: deps
 	rm -rf bench/out/gpu-dry
 	DRY=1 RESULTS=bench/out/gpu-dry bash bench/gpu_check.sh
 	@n=$$(ls -A bench/out/gpu-dry | wc -l); logs=$$(tar tzf bench/out/gpu-dry/gpu-check.tar.gz | grep -c '\.log$$'); \
-	if [ "$$n" = 2 ] && [ -s bench/out/gpu-dry/summary.txt ] && [ "$$logs" -ge 5 ]; then \
-	  echo "PASS gpu-check-dry: bench/out/gpu-dry holds 2 files (summary.txt, gpu-check.tar.gz with $$logs logs)"; \
-	else echo "FAIL gpu-check-dry: bench/out/gpu-dry holds $$n files ($$(ls -A bench/out/gpu-dry | paste -sd ' ')), $$logs logs in the archive; want 2 files"; exit 1; fi
+	order=$$(grep -o -E '^(versions|build|decode|tests|sanitizers|attention-4k|context)' bench/out/gpu-dry/summary.txt | uniq | paste -sd ' '); \
+	if [ "$$n" = 2 ] && [ -s bench/out/gpu-dry/summary.txt ] && [ "$$logs" -ge 5 ] && \
+	   [ "$$order" = "versions build decode tests sanitizers attention-4k context" ]; then \
+	  echo "PASS gpu-check-dry: 2 files (summary.txt, gpu-check.tar.gz with $$logs logs); steps in order: $$order"; \
+	else echo "FAIL gpu-check-dry: $$n files ($$(ls -A bench/out/gpu-dry | paste -sd ' ')), $$logs logs in the archive, steps: $$order; want 2 files, versions build decode tests sanitizers attention-4k context"; exit 1; fi
 
 # The nvcc build's host half, tested without a GPU (GPU checks skip themselves).
 nvcc-test: deps

@@ -4,24 +4,27 @@
 #                driver older than the toolkit: nvidia-smi sees the GPU, the
 #                runtime none; the run stops there with the runtime's reason)
 #   2 build      kvt and test_kvt with nvcc (sm_80 + sm_90)
-#   3 sanitizers compute-sanitizer memcheck and racecheck on small runs that
-#                launch every kind of kernel (naive and fused attention, split
-#                + merge, the rows, batch and tiled matmuls, fp16 and int8 caches)
-#   4 figures    copy bandwidth, decode against the HBM bound, naive vs fused
-#                attention (and the largest difference between their outputs,
-#                which must stay within the tolerance), split vs unsplit, the
-#                cache types at long context
-#   5 tests      the whole suite on the device (KVT_SYNC=1: a fault is reported
+#   3 decode     the first figure: the copy bandwidth, then one 7B-shape decode
+#                step against that bound
+#   4 tests      the whole suite on the device (KVT_SYNC=1: a fault is reported
 #                at the launch that caused it); its first line must name the GPU
-# The figures come before the suite: the suite runs every CPU check as well and
-# may take minutes, and a short lease should still bring the figures back.
+#   5 sanitizers compute-sanitizer memcheck and racecheck on small runs that
+#                launch every attention kernel (naive, fused fp32/fp16/int8 and
+#                the scalar one, split + merge) and the rows, batch and tiled
+#                matmuls, each run under its own cap
+#   6 figures    naive vs fused attention (and the largest
+#                difference between their outputs, which must stay within the
+#                tolerance), split vs unsplit, the cache types at long context
+# The first figure comes first, then what decides correctness; a short lease
+# still brings back the figure, and the sanitizers cannot starve the suite.
 #
 # One line per step on stdout. RESULTS (default bench/out/gpu) receives two
 # files: summary.txt (those lines) and gpu-check.tar.gz (each step's full log
 # and the CSVs), because a device call brings back at most 8 files: the logs
-# are written to a temporary folder and packed after each step. Every
-# step runs under what is left of GPU_CHECK_BUDGET seconds (default 420: a
-# 15-minute lease also pays for the machine's start, the transfers and a rerun); once it is spent
+# are written to a temporary folder and packed after each step. Every step
+# runs under what is left of GPU_CHECK_BUDGET seconds (default 420: a 15-minute
+# lease also pays for the machine's start, the transfers and a rerun); once it
+# is spent
 # the remaining steps are listed as skipped, so a short lease still brings back
 # everything that ran. The last lines give each step's seconds.
 #
@@ -167,38 +170,12 @@ fi
 step build make BUILD=$BUILD -B -j2 kvt test_kvt && say "build: BUILD=$BUILD, $(grep -c -E '^(cc|.*nvcc) ' "$WORK/build.log") compiles, ok" || {
   say "build failed: nothing else can run"; exit 1; }
 
-# 3 sanitizers: tiny runs, each launching a different set of kernels
-SAN_RUNS=("--prompt-tokens 20 -n 3 --attn naive --kv-dtype fp16"  # tiled matmul (20 rows), rows kernel, naive kernels, fp16
-          "--prompt-tokens 12 -n 3 --split 4 --kv-dtype int8"     # batch matmul (12 rows), fused int8, split + merge
-          "--prompt-tokens 12 -n 3 --split 4")                    # fused fp32, split + merge
-if [ "$DRY" = 1 ]; then
-  say "sanitizers: skipped (DRY=1: no device); on a GPU memcheck and racecheck, ${#SAN_RUNS[@]} runs each"
-elif [ -z "$SAN" ]; then
-  say "sanitizers: skipped: not installed (no compute-sanitizer on PATH, beside nvcc or under CUDA_HOME)"
-else
-  for tool in memcheck racecheck; do
-    if step "sanitizer-$tool" bash -c 'san=$1 tool=$2; shift 2; for a in "$@"; do
-          "$san" --tool "$tool" --error-exitcode 9 ./kvt --random 64,2,4,2,128,100,64 -t 0 --device gpu $a || exit $?; done' \
-        _ "$SAN" "$tool" "${SAN_RUNS[@]}"; then
-      say "sanitizer-$tool: ${#SAN_RUNS[@]} runs: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$WORK/sanitizer-$tool.log" | sort | uniq -c | sed 's/^ *//' | paste -sd ';')"
-    elif grep -q -i -E "not supported|unable|permission" "$WORK/sanitizer-$tool.log"; then
-      say "sanitizer-$tool: the runtime refused it: $(grep -m1 -i -E 'not supported|unable|permission' "$WORK/sanitizer-$tool.log")"
-    fi
-  done
-fi
-
-# 4 figures
+# 3 the first figure: one decode step of the 7B shape (about 30 s), before
+# anything of unknown length
 step decode ./kvt $M7B --bench decode --device gpu --csv "$WORK/decode.csv" && {
   figure decode 'memory bandwidth'; figure decode '^decode'; }
-step attention-4k ./kvt $MATT --bench attention --bench-ctx $A4K --device gpu --csv "$WORK/attention_4k.csv" && {
-  figure attention-4k 'naive'; figure attention-4k 'fused \(one pass\)'; attn_diff attention-4k; }
-step attention-16k ./kvt $MATT --bench attention --bench-ctx $A16K --device gpu --csv "$WORK/attention_16k.csv" && {
-  figure attention-16k 'fused \(one pass\)'; figure attention-16k 'split \+ merge'; figure attention-16k 'pieces'
-  attn_diff attention-16k; }
-step context ./kvt $MCTX --bench context --bench-ctx $CTX --bench-batch 4 --device gpu --csv "$WORK/context.csv" && {
-  for dt in fp32 fp16 int8; do figure context "^$dt "; done; }
 
-# 5 tests: the suite's first line names where its GPU checks ran
+# 4 tests: the suite's first line names where its GPU checks ran
 if [ "$DRY" = 1 ] && [ "${DRY_TESTS:-0}" != 1 ]; then
   say "tests: skipped (DRY=1: make test runs the same suite; DRY_TESTS=1 runs it here)"
 elif step tests env KVT_SYNC=1 ./test_kvt ./kvt || [ -s "$WORK/tests.log" ]; then
@@ -209,6 +186,49 @@ elif step tests env KVT_SYNC=1 ./test_kvt ./kvt || [ -s "$WORK/tests.log" ]; the
   else say "tests: GPU kernels ran on: ${ran:-no such line}"
   fi
 fi
+
+# 5 sanitizers: tiny runs, together launching every attention kernel (and the
+# rest); KVT_SYNC=1, so a fault names the launch that caused it. Each run has
+# its own cap (SAN_CAP seconds, default 60); a sanitizer that refuses the
+# device ("Device not supported") or is missing is a skip, not a failure.
+SAN_RUNS=("--random 64,2,4,2,128,100,64 --prompt-tokens 20 -n 3 --attn naive --kv-dtype fp16"  # tiled matmul, naive fp16
+          "--random 64,2,4,2,128,100,64 --prompt-tokens 12 -n 3 --split 4 --kv-dtype int8"     # batch matmul, fused int8 (16-byte), merge
+          "--random 64,2,4,2,128,100,64 --prompt-tokens 12 -n 3 --split 4 --kv-dtype fp16"     # fused fp16 (16-byte), merge
+          "--random 96,2,6,2,128,100,64 --prompt-tokens 12 -n 3 --split 4 --kv-dtype int8 --kv-group 8"  # scalar fused, group 3
+          "--random 64,2,4,2,128,100,64 --prompt-tokens 12 -n 3 --split 4")                    # fused fp32, merge
+SAN_CAP=${SAN_CAP:-60}
+if [ "$DRY" = 1 ]; then
+  say "sanitizers: skipped (DRY=1: no device); on a GPU memcheck and racecheck, ${#SAN_RUNS[@]} runs each"
+elif [ -z "$SAN" ]; then
+  say "sanitizers: skipped: not installed (no compute-sanitizer on PATH, beside nvcc or under CUDA_HOME)"
+else
+  for tool in memcheck racecheck; do
+    for i in "${!SAN_RUNS[@]}"; do
+      name="sanitizer-$tool-$((i + 1))"; cap=$(left); [ "$cap" -gt "$SAN_CAP" ] && cap=$SAN_CAP
+      if [ "$cap" -le 0 ]; then say "$name: skipped (budget of ${BUDGET}s spent)"; TIMES="$TIMES $name=skipped"; continue; fi
+      t0=$(date +%s)
+      KVT_SYNC=1 timeout "$cap" "$SAN" --tool "$tool" --error-exitcode 9 ./kvt ${SAN_RUNS[$i]} -t 0 --device gpu \
+        > "$WORK/$name.log" 2>&1
+      rc=$?; TIMES="$TIMES $name=$(($(date +%s) - t0))s"
+      refused=$(grep -m1 -i -E 'not supported|unable to|permission' "$WORK/$name.log")
+      if [ $rc = 0 ]; then say "$name: $(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$WORK/$name.log")"
+      elif [ -n "$refused" ]; then say "$name: skipped: the sanitizer refused: $refused"
+      elif [ $rc = 124 ]; then say "$name: skipped: not done within its cap of ${cap}s (SAN_CAP)"
+      else say "$name: FAILED (exit $rc): $(grep -m1 -E 'ERROR|Invalid|Race|kvt:' "$WORK/$name.log")"; FAILED=1
+      fi
+      pack
+    done
+  done
+fi
+
+# 6 the remaining figures
+step attention-4k ./kvt $MATT --bench attention --bench-ctx $A4K --device gpu --csv "$WORK/attention_4k.csv" && {
+  figure attention-4k 'naive'; figure attention-4k 'fused \(one pass\)'; attn_diff attention-4k; }
+step attention-16k ./kvt $MATT --bench attention --bench-ctx $A16K --device gpu --csv "$WORK/attention_16k.csv" && {
+  figure attention-16k 'fused \(one pass\)'; figure attention-16k 'split \+ merge'; figure attention-16k 'pieces'
+  attn_diff attention-16k; }
+step context ./kvt $MCTX --bench context --bench-ctx $CTX --bench-batch 4 --device gpu --csv "$WORK/context.csv" && {
+  for dt in fp32 fp16 int8; do figure context "^$dt "; done; }
 
 say "seconds per step:$TIMES"
 say "gpu-check: $([ $FAILED = 0 ] && echo 'every step that ran passed' || echo 'FAILED steps above'), $(( $(date +%s) - START ))s; results in $RESULTS (summary.txt, gpu-check.tar.gz)"
