@@ -386,17 +386,25 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
     double ms[3], diff[3] = {0.0, 0.0, 0.0}, big = 0.0;
     size_t no = (size_t)NH * p->HS;
     float *outs = (float *)kvt_malloc(3 * no * sizeof(float));
-    for (int v = 0; v < 3; v++) { /* one warm-up call, then as many as fill 0.2 s (at least 3) */
-        int reps = 0;
+    /* What is timed: N calls launched back to back between two device-clock
+     * readings, so on a GPU each call costs its kernels' time and not a host
+     * round trip (no wait between calls; the GPU idles only before the first).
+     * One warm-up call first (its output kept for the check below), then N = 3,
+     * 6, 12, ... until one batch takes at least 0.2 s; ms is that batch / N. */
+    for (int v = 0; v < 3; v++) {
+        int reps = 3;
         double t0 = 0.0, t1 = 0.0;
-        for (int r = -1; r < 3 || t1 - t0 < 0.2; r++, reps = r) {
+        for (int r = -1; r < reps; r++) {
             if (r == 0) t0 = kvt_device_now(e->gpu);
             int l = (r + 1) % m->c.n_layers; /* each call the next layer: as in decode, the cache comes from memory */
             if (v == 0) e->op->attention_naive(e->att, e->q, kv, l, 1, NH, e->scores, m->c.seq_len);
             else if (v == 1) e->op->attention_fused(e->att, e->q, kv, l, 1, NH, e->part, T, 1);
             else e->op->attention_fused(e->att, e->q, kv, l, 1, NH, e->part, auto_len, auto_n);
             if (r == -1) buf_download(e->gpu, outs + v * no, e->att, no * sizeof(float)); /* layer 0, for the check */
-            t1 = kvt_device_now(e->gpu);
+            if (r == reps - 1 && (t1 = kvt_device_now(e->gpu)) - t0 < 0.2 && reps < (1 << 20)) {
+                reps *= 2; /* too short to time well: a batch twice as long, from the start */
+                r = -1;
+            }
         }
         ms[v] = 1e3 * (t1 > t0 ? t1 - t0 : 1e-9) / reps;
     }
