@@ -387,11 +387,11 @@ gpu-check-dry: deps
 	rm -rf bench/out/gpu-dry
 	DRY=1 RESULTS=bench/out/gpu-dry bash bench/gpu_check.sh
 	@n=$$(ls -A bench/out/gpu-dry | wc -l); logs=$$(tar tzf bench/out/gpu-dry/gpu-check.tar.gz | grep -c '\.log$$'); \
-	order=$$(grep -o -E '^(versions|build|decode|tests|sanitizers|attention-4k|context)' bench/out/gpu-dry/summary.txt | uniq | paste -sd ' '); \
+	order=$$(grep -o -E '^(versions|build|decode-110m|decode|tests|sanitizers|attention-4k|context|peer)' bench/out/gpu-dry/summary.txt | uniq | paste -sd ' '); \
 	if [ "$$n" = 2 ] && [ -s bench/out/gpu-dry/summary.txt ] && [ "$$logs" -ge 5 ] && \
-	   [ "$$order" = "versions build decode tests sanitizers attention-4k context" ]; then \
+	   [ "$$order" = "versions build decode tests sanitizers decode-110m attention-4k context peer" ]; then \
 	  echo "PASS gpu-check-dry: 2 files (summary.txt, gpu-check.tar.gz with $$logs logs); steps in order: $$order"; \
-	else echo "FAIL gpu-check-dry: $$n files ($$(ls -A bench/out/gpu-dry | paste -sd ' ')), $$logs logs in the archive, steps: $$order; want 2 files, versions build decode tests sanitizers attention-4k context"; exit 1; fi
+	else echo "FAIL gpu-check-dry: $$n files ($$(ls -A bench/out/gpu-dry | paste -sd ' ')), $$logs logs in the archive, steps: $$order; want 2 files, versions build decode tests sanitizers decode-110m attention-4k context peer"; exit 1; fi
 
 # The nvcc build's host half, tested without a GPU (GPU checks skip themselves).
 nvcc-test: deps

@@ -12,9 +12,12 @@
 #                launch every attention kernel (naive, fused fp32/fp16/int8 and
 #                the scalar one, split + merge) and the rows, batch and tiled
 #                matmuls, each run under its own cap
-#   6 figures    naive vs fused attention (and the largest
+#   6 figures    a decode step of the 110M shape (launch-bound), naive vs
+#                fused vs split + merge attention (and the largest
 #                difference between their outputs, which must stay within the
 #                tolerance), split vs unsplit, the cache types at long context
+#   7 peer       PyTorch's scaled_dot_product_attention and a device copy at
+#                the same shapes, when torch imports (else one skip line)
 # The first figure comes first, then what decides correctness; a short lease
 # still brings back the figure, and the sanitizers cannot starve the suite.
 #
@@ -100,7 +103,8 @@ if [ "$DRY" = 1 ]; then
   BUILD=c
   DEV="emulated (DRY=1: the C build, tiny shapes)"
   M7B="--random 64,2,4,4,176,100,256"            # stands in for the 7B shape
-  MATT="--random 64,1,4,4,176,100,1024"; A4K=256; A16K=1024
+  M110="--random 32,2,2,2,64,64,64"              # stands in for the 110M shape
+  MATT="--random 64,1,4,4,176,100,1024"; A4K=256; A16K=1024; ANH=4; AHS=16
   MCTX="--random 32,1,2,2,64,64,128"; CTX=96
 else
   BUILD=nvcc
@@ -108,7 +112,8 @@ else
   # Llama-2-7B's matrices with 8 of its 32 layers: a step reads the same bytes per
   # layer, and the bound below counts exactly the bytes of this model.
   M7B="--random 4096,8,32,32,11008,32000,4096"
-  MATT="--random 4096,1,32,32,11008,32000,16384"; A4K=4096; A16K=16384
+  M110="--random 768,12,12,12,2048,32000,1024"   # TinyStories-110M: launch overhead dominates a step
+  MATT="--random 4096,1,32,32,11008,32000,16384"; A4K=4096; A16K=16384; ANH=32; AHS=128
   MCTX="--random 4096,2,32,32,11008,32000,4096"; CTX=4000
 fi
 say "gpu-check $(date -u '+%Y-%m-%d %H:%M UTC'), budget ${BUDGET}s, device: ${DEV:-none found}"
@@ -222,13 +227,37 @@ else
 fi
 
 # 6 the remaining figures
+step decode-110m ./kvt $M110 --bench decode --device gpu --csv "$WORK/decode_110m.csv" && figure decode-110m '^decode'
 step attention-4k ./kvt $MATT --bench attention --bench-ctx $A4K --device gpu --csv "$WORK/attention_4k.csv" && {
-  figure attention-4k 'naive'; figure attention-4k 'fused \(one pass\)'; attn_diff attention-4k; }
+  figure attention-4k 'naive'; figure attention-4k 'fused \(one pass\)'; figure attention-4k 'split \+ merge'
+  attn_diff attention-4k; }
 step attention-16k ./kvt $MATT --bench attention --bench-ctx $A16K --device gpu --csv "$WORK/attention_16k.csv" && {
   figure attention-16k 'fused \(one pass\)'; figure attention-16k 'split \+ merge'; figure attention-16k 'pieces'
   attn_diff attention-16k; }
 step context ./kvt $MCTX --bench context --bench-ctx $CTX --bench-batch 4 --device gpu --csv "$WORK/context.csv" && {
   for dt in fp32 fp16 int8; do figure context "^$dt "; done; }
+
+# 7 a peer: PyTorch's attention and a device copy at the same shapes, when the
+# machine has it (a measurement, never a dependency); kvt's ratio to each
+csvcol() { awk -F, -v row="$2" -v col="$3" 'NR > 1 && (row == "" || $1 == row) { print $col; exit }' "$WORK/$1" 2>/dev/null; }
+if python3 -c 'import torch' > /dev/null 2>&1; then
+  wmb=$(csvcol decode.csv "" 3); wmb=${wmb:-1000}
+  step peer python3 bench/peer_torch.py $ANH $AHS $A4K $A16K --copy-mb "$wmb" && {
+    grep '^peer: ' "$WORK/peer.log" | while read -r line; do say "$line"; done
+    for t in "$A4K:attention_4k.csv" "$A16K:attention_16k.csv"; do
+      T=${t%%:*}; ours=$(csvcol "${t#*:}" "fused (one pass)" 3)
+      theirs=$(awk -v T="$T" '$2 == "sdpa" && $3 == T { print $4 }' "$WORK/peer.log")
+      say "peer: attention at T = $T: kvt fused ${ours:-?} ms, sdpa ${theirs:-?} ms$(awk -v a="$ours" -v b="$theirs" \
+        'BEGIN { if (a > 0 && b > 0) printf ": kvt takes %.2fx its time", a / b }')"
+    done
+    tok=$(csvcol decode.csv "" 6); copy=$(awk '$2 == "copy" { print $3 }' "$WORK/peer.log")
+    say "peer: decode streams $(awk -v w="$wmb" -v t="$tok" -v c="$copy" 'BEGIN { if (t > 0 && c > 0)
+      printf "%.1f GB/s of weights, %.2f of a device copy (%.1f GB/s, read + write)", w * t / 1e3, w * t / 1e3 / c, c;
+      else printf "(no figure: decode or the copy did not run)" }')"
+  }
+else
+  say "peer: skipped (python3 cannot import torch here)"
+fi
 
 say "seconds per step:$TIMES"
 say "gpu-check: $([ $FAILED = 0 ] && echo 'every step that ran passed' || echo 'FAILED steps above'), $(( $(date +%s) - START ))s; results in $RESULTS (summary.txt, gpu-check.tar.gz)"
