@@ -170,8 +170,9 @@ static int number_syntax_ok(const char *s, int is_float) {
 static int arg_long(const char *flag, const char *s, long lo, long hi, long *out) {
     char *end;
     errno = 0;
-    long v = number_syntax_ok(s, 0) ? strtol(s, &end, 10) : 0;
-    if (!number_syntax_ok(s, 0) || errno || v < lo || v > hi) {
+    int ok = number_syntax_ok(s, 0);
+    long v = ok ? strtol(s, &end, 10) : 0;
+    if (!ok || errno || v < lo || v > hi) {
         kvt_fail(KVT_EARG, "%s '%s': expected an integer in [%ld, %ld]", flag, s, lo, hi);
         return 0;
     }
@@ -181,8 +182,9 @@ static int arg_long(const char *flag, const char *s, long lo, long hi, long *out
 static int arg_float(const char *flag, const char *s, double lo, double hi, double *out) {
     char *end;
     errno = 0;
-    double v = number_syntax_ok(s, 1) ? strtod(s, &end) : 0;
-    if (!number_syntax_ok(s, 1) || errno || !(v >= lo && v <= hi)) {
+    int ok = number_syntax_ok(s, 1);
+    double v = ok ? strtod(s, &end) : 0;
+    if (!ok || errno || !(v >= lo && v <= hi)) {
         kvt_fail(KVT_EARG, "%s '%s': expected a number in [%g, %g]%s", flag, s, lo, hi,
                  errno == ERANGE ? " (out of a double's range)" : "");
         return 0;
