@@ -151,7 +151,7 @@ def skip_array(c, etype, n, what, depth):
     elif ename == "ARRAY":
         if depth >= MAX_NESTING:
             raise Refused(c.path, f"{what}: arrays nested more than {MAX_NESTING} deep")
-        for i in range(n):  # each element is an array: read_value reads its header and, below depth 0, skips it
+        for i in range(n):  # each element an array: read_value checks its header and, at depth > 0, skips it
             read_value(c, etype, f"{what}[{i}]", depth + 1)
     else:
         c.skip(n * esize, what)
