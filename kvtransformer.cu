@@ -20,16 +20,16 @@
  *   §6  the KV chunk pool, sequences      §16 tokenizer
  *   §7  embedding                         §17 sampling
  *   §8  rmsnorm                           §18 checks (compare two arrays)
- *   §9  matmul (loops/sgemm; 2 kernels)   §19 benchmarks
+ *   §9  matmul (loops/sgemm; kernels)     §19 benchmarks
  *   §10 rope, kv write (+ quantize)       §20 command line
  * (§16-§20, the memory probe in §3 (cli/memory.c), the random model at the
  * end of §4 and the pool's printer and checks at the end of §15 are the
  * harness around the lesson: files in cli/ and bench/, included in their
  * place, so it is still one compile. So are
  * the CPU's tuned loops, in cpu/matmul.c (§9) and cpu/attention.c (§10's
- * vector loops and §12's tiled fused attention), and the GPU's tuned fused
- * attention kernel, in gpu/attention.cu (§12): the specs they are checked
- * against stay here.)
+ * vector loops and §12's tiled fused attention), and the GPU's tuned
+ * kernels, in gpu/matmul.cu (§9) and gpu/attention.cu (§12): the specs and
+ * plain kernels they are checked against stay here, and --plain runs those.)
  *
  * Dimensions: L layers, D model dim, NH query heads, NKV kv heads, HS head size,
  *   KVD = NKV*HS, HD FFN hidden, V vocab, T positions so far, TMAX max positions,
@@ -1091,12 +1091,24 @@ static void rmsnorm_gpu(float *out, const float *x, const float *w, int n, int D
  * A batch of n decode rows does 2n flops per weight read, so up to a few rows
  * are nearly free; only around n ~ 8-16 does arithmetic become the limit here.
  *
- * The CPU path: loops of our own for decode and batches (matmul_rows_cpu:
+ * The spec is matmul_spec_cpu, a dot product per output. The CPU path the
+ * engine runs: tuned loops of our own for decode and batches (matmul_rows_cpu:
  * each weight row read from memory once for all n rows, one weight row at a
  * time up to KVT_ROW_X rows, tiles of 4 weight rows from there; with the
  * vector type kvt_vec that attention uses too, they are in cpu/matmul.c,
  * included here), OpenBLAS's sgemm for prefill pieces of KVT_SGEMM_ROWS rows
- * and more. */
+ * and more. --plain runs the spec instead of the tuned loops. */
+static void matmul_spec_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
+    /* weight row i is read once from memory and stays in cache for the n rows of x */
+#pragma omp parallel for schedule(static) if ((long)n * d * k > 65536)
+    for (int i = 0; i < d; i++)
+        for (int r = 0; r < n; r++) {
+            const float *wi = w + (size_t)i * k, *xr = x + (size_t)r * k;
+            float s = 0.0f;
+            for (int c = 0; c < k; c++) s += wi[c] * xr[c];
+            out[(size_t)r * d + i] = s;
+        }
+}
 #include "cpu/matmul.c"
 
 /* Prefill: OpenBLAS's sgemm, which blocks for every cache level and beats the
@@ -1136,95 +1148,17 @@ static void matmul_cpu(float *out, const float *x, const float *w, int n, int k,
     if (n >= KVT_SGEMM_ROWS && !kvt_blas_generic()) matmul_sgemm_cpu(out, x, w, n, k, d);
     else matmul_rows_cpu(out, x, w, n, k, d);
 }
+/* --plain: the spec's loop where the tuned loops would run (sgemm stays for
+ * prefill: a plain loop there would make a long prompt crawl). */
+static void matmul_plain_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
+    if (n >= KVT_SGEMM_ROWS && !kvt_blas_generic()) matmul_sgemm_cpu(out, x, w, n, k, d);
+    else matmul_spec_cpu(out, x, w, n, k, d);
+}
 
-/* Decode kernel, built for the memory bound: a decode step reads every weight
- * once, so the kernel must keep enough bytes in flight to fill HBM (~20 KB per
- * SM on an H100/H200) and read each weight once for all its rows of x.
- * grid (ceil(d / (ROWS * KVT_WARPS)), ceil(n / X)), block KVT_THREADS. Each
- * warp owns ROWS consecutive output rows and up to X rows of x. Lane l reads
- * columns 4l..4l+3 of a weight row as one 16-byte load (a warp: 512 contiguous
- * bytes), then 4l+128.., and uses each loaded weight for all its rows of x; it
- * keeps ROWS x X <= 32 partial sums. A step's ROWS weight loads come first, one
- * after another: a row past d reads row d - 1 again (its sums are dropped), so
- * no branch stands between two loads and the warp has them all in flight.
- * The warp then transposes its sums through shared memory: lane i adds up the
- * 32 partials of (row, x) pair i. One barrier per warp's work.
- *
- *   part[warp]:   lane 0   lane 1  ...  lane 31      <- written as acc[i]
- *     pair 0    [  p00      p01    ...   p0,31 ]  -> summed by lane 0
- *     pair 1    [  p10      p11    ...   p1,31 ]  -> summed by lane 1 ...
- *
- * Two shapes, ROWS x X. matmul_rows_kernel, decode: on a GPU 4 x 4, so
- * d = 4096 gives 1024 warps (~8 per SM of an H200, each with 4 x 512 bytes in
- * flight per step), and up to 4 decode rows cost one pass over the weights (8
- * rows two); in the C build 32 x 1 (each barrier costs ~50 us there, so fewer,
- * larger work items). matmul_batch_kernel, batches of up to 16 rows: 2 x 16,
- * one pass over the weights, each weight used 16 times. Both run the same
- * body, matmul_rows_warp, always inlined: nvcc compiles one copy per constant
- * shape, its loops unrolled and its sums in registers.
- * k4: the columns read 4 at a time, k when x and w are 16-byte aligned and
- * 4 divides k (then every row is aligned too), else 0: one at a time. */
-#ifdef __CUDACC__
-#define KVT_LOAD4(p) (*(const float4 *)(p))
-#else
-typedef struct { float x, y, z, w; } float4;
-static float4 kvt_load4(const float *p) { float4 v; memcpy(&v, p, sizeof(v)); return v; }
-#define KVT_LOAD4(p) kvt_load4(p)
-#endif
-#define KVT_INLINE __device__ inline __attribute__((always_inline)) /* a kernel's body: a copy per call */
-#if defined(__CUDACC__) || defined(KVT_GPU_SIZES)
-#define KVT_MV_ROWS 4 /* weight rows per warp */
-#define KVT_MV_X 4    /* rows of x per warp */
-#else
-#define KVT_MV_ROWS 32
-#define KVT_MV_X 1
-#endif
-#define KVT_MB_ROWS 2 /* the batch kernel: 2 weight rows x 16 rows of x per warp */
-#define KVT_MB_X 16
-KVT_STATIC_ASSERT(KVT_MV_ROWS * KVT_MV_X <= 32 && KVT_MB_ROWS * KVT_MB_X <= 32, "one lane sums each (row, x) pair");
-KVT_INLINE void matmul_rows_warp(float *out, const float *x, const float *w, int n, int k, int d, int ROWS, int X) {
-    __shared__ float part[KVT_WARPS][32][33]; /* 33: no bank conflicts on the transpose */
-    int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    int row0 = ((int)blockIdx.x * KVT_WARPS + warp) * ROWS, x0 = (int)blockIdx.y * X;
-    int k4 = (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 && k % 4 == 0 ? k : 0;
-    float acc[32]; /* acc[i * X + j]: weight row row0 + i times row x0 + j of x */
-    for (int i = 0; i < ROWS * X; i++) acc[i] = 0.0f;
-    for (int c = 4 * lane; c < k4; c += 128) {
-        float4 wv[32];
-        for (int i = 0; i < ROWS; i++) /* the step's weight loads, back to back */
-            wv[i] = KVT_LOAD4(w + (size_t)(row0 + i < d ? row0 + i : d - 1) * k + c);
-        for (int j = 0; j < X; j++) { /* rows of x past n read row n - 1 again: their sums are dropped */
-            float4 xv = KVT_LOAD4(x + (size_t)(x0 + j < n ? x0 + j : n - 1) * k + c);
-            for (int i = 0; i < ROWS; i++)
-                acc[i * X + j] += wv[i].x * xv.x + wv[i].y * xv.y + wv[i].z * xv.z + wv[i].w * xv.w;
-        }
-    }
-    for (int c = k4 + lane; c < k; c += 32) /* the columns left over, one per lane */
-        for (int i = 0; i < ROWS; i++)
-            for (int j = 0; j < X; j++)
-                acc[i * X + j] += w[(size_t)(row0 + i < d ? row0 + i : d - 1) * k + c] *
-                                  x[(size_t)(x0 + j < n ? x0 + j : n - 1) * k + c];
-    for (int i = 0; i < ROWS * X; i++) part[warp][i][lane] = acc[i];
-    __syncthreads(); /* each lane now reads a column the other lanes wrote */
-    int row = row0 + lane / X, xr = x0 + lane % X; /* lane = its pair's index */
-    if (lane < ROWS * X && row < d && xr < n) {
-        float s = 0.0f;
-        for (int j = 0; j < 32; j++) s += part[warp][lane][j];
-        out[(size_t)xr * d + row] = s;
-    }
-}
-__global__ void matmul_rows_kernel(float *out, const float *x, const float *w, int n, int k, int d) {
-    matmul_rows_warp(out, x, w, n, k, d, KVT_MV_ROWS, KVT_MV_X);
-}
-__global__ void matmul_batch_kernel(float *out, const float *x, const float *w, int n, int k, int d) {
-    matmul_rows_warp(out, x, w, n, k, d, KVT_MB_ROWS, KVT_MB_X);
-}
-static void matmul_rows_gpu(float *out, const float *x, const float *w, int n, int k, int d) {
-    KVT_LAUNCH(matmul_rows_kernel, kvt_cdiv(d, KVT_MV_ROWS * KVT_WARPS), kvt_cdiv(n, KVT_MV_X), KVT_THREADS, out, x, w, n, k, d);
-}
-static void matmul_batch_gpu(float *out, const float *x, const float *w, int n, int k, int d) {
-    KVT_LAUNCH(matmul_batch_kernel, kvt_cdiv(d, KVT_MB_ROWS * KVT_WARPS), kvt_cdiv(n, KVT_MB_X), KVT_THREADS, out, x, w, n, k, d);
-}
+/* The kernels matmul_gpu runs for decode and batches of up to 16 rows (each
+ * weight read once for all rows of x, 16-byte loads, sums in registers) are
+ * machine tuning: gpu/matmul.cu, included here. */
+#include "gpu/matmul.cu"
 
 /* Prefill kernel, the textbook tiled matmul. grid (ceil(d/TILE), ceil(n/TILE)),
  * block (TILE*TILE): thread (ty, tx) computes out[row0+ty][col0+tx]. The k axis
@@ -1255,6 +1189,23 @@ __global__ void matmul_tiled_kernel(float *out, const float *x, const float *w, 
 static void matmul_tiled_gpu(float *out, const float *x, const float *w, int n, int k, int d) {
     KVT_LAUNCH(matmul_tiled_kernel, kvt_cdiv(d, KVT_TILE), kvt_cdiv(n, KVT_TILE), KVT_TILE * KVT_TILE,
                out, x, w, n, k, d);
+}
+/* The plain decode kernel, matmul_spec_cpu's loop with one thread per output:
+ * thread (i, r) computes out[r][i], a whole dot product. grid (ceil(d /
+ * KVT_THREADS), n), block (KVT_THREADS). Neighbouring threads read weight rows
+ * k floats apart, so a warp's 32 loads share no memory transaction and the
+ * kernel runs far below the bandwidth: the tuned kernels (gpu/matmul.cu) make
+ * a warp read one row together. --plain runs it for decode and small batches. */
+__global__ void matmul_dot_kernel(float *out, const float *x, const float *w, int n, int k, int d) {
+    int i = (int)(blockIdx.x * blockDim.x + threadIdx.x), r = (int)blockIdx.y;
+    if (i >= d || r >= n) return;
+    float s = 0.0f;
+    for (int c = 0; c < k; c++) s += w[(size_t)i * k + c] * x[(size_t)r * k + c];
+    out[(size_t)r * d + i] = s;
+}
+static void matmul_plain_gpu(float *out, const float *x, const float *w, int n, int k, int d) {
+    if (n > KVT_MB_X) matmul_tiled_gpu(out, x, w, n, k, d); /* prefill: the tiled kernel, as without --plain */
+    else KVT_LAUNCH(matmul_dot_kernel, kvt_cdiv(d, KVT_THREADS), n, KVT_THREADS, out, x, w, n, k, d);
 }
 /* Decode and small batches (up to 2 passes of KVT_MV_X rows) read the weights
  * with the rows kernel, batches of up to 16 rows with the batch kernel (one
@@ -1564,53 +1515,20 @@ static void attention_naive_gpu(float *out, const float *q, kvt_kv kv, int l, in
  *   l = sum l_i e^(m_i - M),  out = sum acc_i e^(m_i - M) / l.
  * With one split this is the plain fused loop.
  *
- * Three forms of it follow. The spec, attention_fused_spec_cpu: the loop
- * above for one query at a time, key by key, and nothing else; test.c
- * checks the other two against it. The CPU path the engine runs,
- * attention_fused_cpu: work items of (block of rows, piece) over the cores,
- * each running the tiled loop of cpu/attention.c (attention_piece_cpu: a
- * tile of keys serves a block of queries, FlashAttention's loop order), then
- * the merge. The GPU kernel: one block per (row, kv head, piece), a tile
- * of keys per step, a group of lanes per key, 16-byte loads.
+ * The spec, attention_fused_spec_cpu: the loop above for one query and one
+ * piece at a time, key by key, then the merge; with it the plain GPU kernel,
+ * attn_fused_plain_kernel, the same loop a tile of keys at a time. --plain
+ * runs these two. The tuned paths the engine runs by default, checked
+ * against the spec by test.c: on the CPU attention_fused_cpu, work items of
+ * (block of rows, piece) over the cores, each running the tiled loop of
+ * cpu/attention.c (a tile of keys serves a block of queries,
+ * FlashAttention's loop order), then the merge; on the GPU the kernels of
+ * gpu/attention.cu, one block per (row, kv head, piece) for all the query
+ * heads of the kv head, 16-byte loads.
  * part: (n, NH, nsplit, 2 + HS), the (m, l, acc) of every piece. */
 
-/* The spec: for each query (row r, head h), the online softmax over the keys
- * 0..p, p = row_pos[r], one at a time, read through the same accessors as
- * the naive form (§11): kv_index finds the key's row through the chunk
- * table, kv_dot and kv_axpy decode fp16 and int8 as they read. The whole
- * range is one piece (no split), so out = acc / l at the end. Plain loops on
- * one core. Nothing in the program calls it (hence `unused`: no warning, and
- * no machine code in kvt); the engine runs attention_fused_cpu below, and
- * test.c checks that against this. out, q (n, NH*HS). */
-static __attribute__((unused)) void attention_fused_spec_cpu(float *out, const float *q, kvt_kv kv, int l, int n,
-                                                             int NH) {
-    int HS = kv.HS, group = NH / kv.NKV; /* GQA: query heads h of one group share kv head h / group */
-    float scale = 1.0f / sqrtf((float)HS), acc[KVT_MAX_HS];
-    KVT_ASSERT(HS <= KVT_MAX_HS);
-    for (int r = 0; r < n; r++)
-        for (int h = 0; h < NH; h++) {
-            int p = kv.row_pos[r], kh = h / group;
-            const float *qh = q + ((size_t)r * NH + h) * HS;
-            float m = -INFINITY, sum = 0.0f; /* the running max m and sum l: no key seen yet */
-            for (int c = 0; c < HS; c++) acc[c] = 0.0f;
-            for (int t = 0; t <= p; t++) { /* the causal mask: keys after p are not read at all */
-                float s = kv_dot(&kv, kv_index(&kv, l, 0, kv.row_tab[r], t, kh), qh, HS) * scale;
-                if (s > m) { /* a new max m' = s: the rescale (first key: exp(-inf) = 0 times nothing) */
-                    float corr = expf(m - s);
-                    sum *= corr;
-                    for (int c = 0; c < HS; c++) acc[c] *= corr;
-                    m = s;
-                }
-                float w = expf(s - m); /* <= 1: s - m <= 0, so exp never overflows */
-                sum += w;
-                kv_axpy(&kv, kv_index(&kv, l, 1, kv.row_tab[r], t, kh), w, acc, HS);
-            }
-            float *oh = out + ((size_t)r * NH + h) * HS;
-            for (int c = 0; c < HS; c++) oh[c] = acc[c] / sum; /* the softmax's division, once at the end */
-        }
-}
-
-/* out = the merge of the pieces (with one piece: M = m, so out = acc / l). */
+/* out = the merge of the pieces (with one piece: M = m, so out = acc / l);
+ * part holds each piece's (m, l, acc), pieces of one (row, head) side by side. */
 static void attention_merge_cpu(float *out, const float *part, int n, int NH, int HS, int nsplit) {
 #pragma omp parallel for schedule(static) if (n * NH * nsplit > 64)
     for (int rh = 0; rh < n * NH; rh++) {
@@ -1627,6 +1545,45 @@ static void attention_merge_cpu(float *out, const float *part, int n, int NH, in
         }
         for (int c = 0; c < HS; c++) oh[c] /= sum;
     }
+}
+/* The spec: for each query (row r, head h) and each piece of its keys
+ * (positions sp * split_len .. up to p = row_pos[r]), the online softmax over
+ * the piece's keys one at a time, read through the same accessors as the
+ * naive form (§11): kv_index finds the key's row through the chunk table,
+ * kv_dot and kv_axpy decode fp16 and int8 as they read. Each piece's
+ * (m, l, acc) goes to part, then the merge above (one piece: out = acc / l).
+ * Plain loops on one core: --plain runs it as the engine's fused attention
+ * (slower than the tuned loops, which test.c checks against it). out, q
+ * (n, NH*HS); part (n, NH, nsplit, 2 + HS). */
+static void attention_fused_spec_cpu(float *out, const float *q, kvt_kv kv, int l, int n, int NH,
+                                     float *part, int split_len, int nsplit) {
+    int HS = kv.HS, group = NH / kv.NKV; /* GQA: query heads h of one group share kv head h / group */
+    float scale = 1.0f / sqrtf((float)HS);
+    for (int r = 0; r < n; r++)
+        for (int h = 0; h < NH; h++)
+            for (int sp = 0; sp < nsplit; sp++) {
+                int p = kv.row_pos[r], kh = h / group, t0 = sp * split_len;
+                int t1 = p + 1 < t0 + split_len ? p + 1 : t0 + split_len; /* the causal mask: keys after p are not read */
+                const float *qh = q + ((size_t)r * NH + h) * HS;
+                float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS), *acc = pp + 2;
+                float m = -INFINITY, sum = 0.0f; /* the running max m and sum l: no key seen yet */
+                for (int c = 0; c < HS; c++) acc[c] = 0.0f;
+                for (int t = t0; t < t1; t++) {
+                    float s = kv_dot(&kv, kv_index(&kv, l, 0, kv.row_tab[r], t, kh), qh, HS) * scale;
+                    if (s > m) { /* a new max m' = s: the rescale (first key: exp(-inf) = 0 times nothing) */
+                        float corr = expf(m - s);
+                        sum *= corr;
+                        for (int c = 0; c < HS; c++) acc[c] *= corr;
+                        m = s;
+                    }
+                    float w = expf(s - m); /* <= 1: s - m <= 0, so exp never overflows */
+                    sum += w;
+                    kv_axpy(&kv, kv_index(&kv, l, 1, kv.row_tab[r], t, kh), w, acc, HS);
+                }
+                pp[0] = m; /* a piece past p keeps l = 0: the merge skips it */
+                pp[1] = sum;
+            }
+    attention_merge_cpu(out, part, n, NH, HS, nsplit); /* the softmax's division, once at the end */
 }
 /* The CPU path the engine runs. Its work items are (block of rows, piece),
  * spread over the cores; a block is up to KVT_ATTN_QROWS consecutive rows of
@@ -1655,6 +1612,48 @@ static void attention_fused_cpu(float *out, const float *q, kvt_kv kv, int l, in
  * loads and register accumulators) are machine tuning: gpu/attention.cu,
  * included here. */
 #include "gpu/attention.cu"
+/* The plain kernel, the spec's loop a tile of keys at a time: one block per
+ * (query head, piece, row), grid (NH * nsplit, n), block (KVT_THREADS).
+ *   step 1: thread j scores key t0 + j of the tile (a whole dot product) into s[j]
+ *   step 2: every thread takes the tile's max m' and rescales by exp(m - m')
+ *   step 3: thread c adds e_j V[t0+j][c] for every key j of the tile to its
+ *           channels c, c + blockDim, .. (e_j = exp(s_j - m'))
+ * Each thread keeps its own copy of m and l (the same values in all). The
+ * first barrier: s[] is complete before anyone reads it; the second: nobody
+ * overwrites s[] while another thread still reads it. The piece's (m, l, acc)
+ * go to part; attn_merge_kernel below makes out. The tuned kernels in
+ * gpu/attention.cu compute the same thing for a whole group of heads at once. */
+__global__ void attn_fused_plain_kernel(float *part, const float *q, kvt_kv kv, int l, int NH, int split_len,
+                                        int nsplit) {
+    __shared__ float s[KVT_THREADS];
+    int h = (int)blockIdx.x / nsplit, sp = (int)blockIdx.x % nsplit, r = (int)blockIdx.y, HS = kv.HS;
+    int kh = h / (NH / kv.NKV), p = kv.row_pos[r], t0 = sp * split_len, tid = (int)threadIdx.x;
+    int t1 = p + 1 < t0 + split_len ? p + 1 : t0 + split_len;
+    const float *qh = q + ((size_t)r * NH + h) * HS;
+    float scale = 1.0f / sqrtf((float)HS), m = -INFINITY, sum = 0.0f, acc[KVT_MAX_HS / KVT_THREADS];
+    for (int u = 0; u < KVT_MAX_HS / KVT_THREADS; u++) acc[u] = 0.0f;
+    for (int tile = t0; tile < t1; tile += KVT_THREADS) {
+        int nt = t1 - tile < KVT_THREADS ? t1 - tile : KVT_THREADS;
+        if (tid < nt) s[tid] = kv_dot(&kv, kv_index(&kv, l, 0, kv.row_tab[r], tile + tid, kh), qh, HS) * scale;
+        __syncthreads();
+        float mt = m;
+        for (int j = 0; j < nt; j++) mt = fmaxf(mt, s[j]);
+        float corr = expf(m - mt); /* the first tile: exp(-inf) = 0 */
+        sum *= corr;
+        for (int u = 0; u < KVT_MAX_HS / KVT_THREADS; u++) acc[u] *= corr;
+        for (int j = 0; j < nt; j++) {
+            float e = expf(s[j] - mt);
+            size_t vi = kv_index(&kv, l, 1, kv.row_tab[r], tile + j, kh);
+            sum += e;
+            for (int c = tid, u = 0; c < HS; c += KVT_THREADS, u++) acc[u] += e * kv_load(&kv, vi + (size_t)c);
+        }
+        m = mt;
+        __syncthreads();
+    }
+    float *pp = part + (((size_t)r * NH + h) * nsplit + sp) * (2 + HS);
+    if (tid == 0) { pp[0] = m; pp[1] = sum; } /* a piece past p: l = 0, skipped by the merge */
+    for (int c = tid, u = 0; c < HS; c += KVT_THREADS, u++) pp[2 + c] = acc[u];
+}
 /* grid (NH, n), block (KVT_THREADS): thread c merges channel c of all pieces. */
 __global__ void attn_merge_kernel(float *out, const float *part, int NH, int HS, int nsplit) {
     int h = (int)blockIdx.x, r = (int)blockIdx.y;
@@ -1672,6 +1671,12 @@ __global__ void attn_merge_kernel(float *out, const float *part, int NH, int HS,
         }
         out[((size_t)r * NH + h) * HS + c] = o / sum;
     }
+}
+/* --plain: the plain kernel, then the merge (also for one piece: out = acc / l). */
+static void attention_fused_plain_gpu(float *out, const float *q, kvt_kv kv, int l, int n, int NH,
+                                      float *part, int split_len, int nsplit) {
+    KVT_LAUNCH(attn_fused_plain_kernel, NH * nsplit, n, KVT_THREADS, part, q, kv, l, NH, split_len, nsplit);
+    KVT_LAUNCH(attn_merge_kernel, NH, n, KVT_THREADS, out, part, NH, kv.HS, nsplit);
 }
 /* W: values per 16-byte load of this cache (int8: when G is a multiple of
  * 16); 1 for other types, or when rows do not start on 16 bytes. */
@@ -1749,6 +1754,15 @@ static const kvt_ops kvt_cpu_ops = {embed_cpu, rmsnorm_cpu, matmul_cpu, rope_cpu
                                     attention_naive_cpu, attention_fused_cpu, swiglu_cpu, residual_cpu};
 static const kvt_ops kvt_gpu_ops = {embed_gpu, rmsnorm_gpu, matmul_gpu, rope_gpu, kv_write_gpu,
                                     attention_naive_gpu, attention_fused_gpu, swiglu_gpu, residual_gpu};
+/* --plain (kvt_options.plain): the file's own version of every op, what a
+ * reader steps into in gdb. Only matmul and fused attention have tuned
+ * versions elsewhere (cpu/, gpu/); the plain ones are matmul_spec_cpu and
+ * matmul_dot_kernel (prefill keeps sgemm and the tiled kernel),
+ * attention_fused_spec_cpu and attn_fused_plain_kernel. */
+static const kvt_ops kvt_cpu_plain_ops = {embed_cpu, rmsnorm_cpu, matmul_plain_cpu, rope_cpu, kv_write_cpu,
+                                          attention_naive_cpu, attention_fused_spec_cpu, swiglu_cpu, residual_cpu};
+static const kvt_ops kvt_gpu_plain_ops = {embed_gpu, rmsnorm_gpu, matmul_plain_gpu, rope_gpu, kv_write_gpu,
+                                          attention_naive_gpu, attention_fused_plain_gpu, swiglu_gpu, residual_gpu};
 
 /* GPU automatic split: one block per (row, kv head, piece) of the fused
  * attention (§12). Decode has few rows (NKV x 1 = 32 blocks for one 7B sequence
@@ -1772,7 +1786,7 @@ static const kvt_ops kvt_gpu_ops = {embed_gpu, rmsnorm_gpu, matmul_gpu, rope_gpu
  *   kvt_engine ── m (weights, host + device copy)
  *       │      ── pool: n_chunks x (L, 2, CH, NKV, HS)   <- every sequence's K/V
  *       │      ── x, xb, q, k, v, att, hb, ... (rows, .)  <- one call's activations
- *       └─ op: kvt_cpu_ops or kvt_gpu_ops                  <- who computes
+ *       └─ op: kvt_cpu_ops or kvt_gpu_ops (--plain: *_plain_ops) <- who computes
  */
 struct kvt_engine {
     kvt_model *m;
@@ -1926,7 +1940,7 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
     if (e->o.kv_group == 0) e->o.kv_group = kvt_kv_group_auto(HS); /* the caller left it to us */
     e->gpu = e->o.device == KVT_GPU;
     openblas_set_num_threads(1); /* sgemm runs inside our parallel loops (§9) */
-    e->op = e->gpu ? &kvt_gpu_ops : &kvt_cpu_ops;
+    e->op = e->o.plain ? (e->gpu ? &kvt_gpu_plain_ops : &kvt_cpu_plain_ops) : e->gpu ? &kvt_gpu_ops : &kvt_cpu_ops;
     e->rows = o->max_rows;
     /* The split scratch is sized for the most pieces any call can need (attn_split). */
     size_t R = (size_t)e->rows, cpu_parts = (size_t)KVT_CPU_SPLIT_ROWS * (size_t)kvt_cdiv(TMAX, KVT_CPU_SPLIT);

@@ -209,6 +209,7 @@ typedef struct {
     int max_rows;     /* most rows per forward call (longer prefills are cut) */
     int prefix_reuse; /* 1: a new sequence reuses full chunks of a live one with the same prefix */
     int swap_chunks;  /* host swap area, in chunks (kvt_seq_swap_out); 0: none */
+    int plain;        /* 1: every op runs the file's own version (no cpu/ or gpu/ tuning): slower, for reading and gdb */
 } kvt_options;
 
 void kvt_options_default(kvt_options *o);

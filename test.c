@@ -210,11 +210,15 @@ static void test_matmul(int gpu) {
     }
     for (int i = 0; i < 7; i++) {
         int n = shapes[i][0], k = shapes[i][1], d = shapes[i][2];
-        if (!gpu) test_matmul_one(0, "cpu (tiles or sgemm)", matmul_cpu, n, k, d);
-        else {
+        if (!gpu) {
+            test_matmul_one(0, "cpu (tiles or sgemm)", matmul_cpu, n, k, d);
+            test_matmul_one(0, "cpu spec loop", matmul_spec_cpu, n, k, d);
+            test_matmul_one(0, "cpu --plain (spec loop or sgemm)", matmul_plain_cpu, n, k, d);
+        } else {
             test_matmul_one(1, "gpu rows kernel", matmul_rows_gpu, n, k, d);
             test_matmul_one(1, "gpu batch kernel", matmul_batch_gpu, n, k, d);
             test_matmul_one(1, "gpu tiled kernel", matmul_tiled_gpu, n, k, d);
+            test_matmul_one(1, "gpu --plain (dot kernel or tiled)", matmul_plain_gpu, n, k, d);
         }
     }
 }
@@ -446,7 +450,8 @@ static int ref_visible(int t, int p) {
 /* Build a cache of T positions for layer 1 of a 2-layer pool (layer 0 holds
  * other values, to catch layer mix-ups), with chunks taken in a scrambled
  * order, then run one attention implementation for the last n positions.
- * impl: 0 naive, 1 fused. out (n, NH*HS). Kdq/Vdq (optional): the cached
+ * impl: 0 naive, 1 fused (the tuned path), 2 fused plain (the spec on the
+ * CPU, the plain kernel on the GPU). out (n, NH*HS). Kdq/Vdq (optional): the cached
  * values of layer 1 read back and decoded, (T, KVD). */
 static void attn_run(const acase *c, int gpu, int impl, int split_len, float *out, float *Kdq, float *Vdq) {
     int KVD = c->NKV * c->HS, nchunks = kvt_cdiv(c->TMAX, c->CH) + 3;
@@ -495,7 +500,8 @@ static void attn_run(const acase *c, int gpu, int impl, int split_len, float *ou
         int sl = split_len > 0 ? split_len : c->T, ns = kvt_cdiv(c->T, sl);
         float *part;
         KVT_ASSERT(buf_alloc(gpu, (void **)&part, (size_t)c->n * c->NH * ns * (2 + c->HS) * 4, "test") == KVT_OK);
-        if (gpu) attention_fused_gpu(dout, dq, kv, 1, c->n, c->NH, part, sl, ns);
+        if (impl == 2) (gpu ? attention_fused_plain_gpu : attention_fused_spec_cpu)(dout, dq, kv, 1, c->n, c->NH, part, sl, ns);
+        else if (gpu) attention_fused_gpu(dout, dq, kv, 1, c->n, c->NH, part, sl, ns);
         else attention_fused_cpu(dout, dq, kv, 1, c->n, c->NH, part, sl, ns);
         buf_free(gpu, part);
     }
@@ -796,7 +802,9 @@ static void test_attention_spec(void) {
         kv_write_cpu(kv, K, V, 1, c->T);
         kv.row_pos = pos + (c->T - c->n); /* the queries: the last n positions */
         float *spec = (float *)kvt_malloc(no * 4), *ref = (float *)kvt_malloc(no * 4), *got = (float *)kvt_malloc(no * 4);
-        attention_fused_spec_cpu(spec, q, kv, 1, c->n, c->NH);
+        float *part = (float *)kvt_malloc((size_t)c->n * c->NH * (2 + c->HS) * 4); /* one piece per (row, head) */
+        attention_fused_spec_cpu(spec, q, kv, 1, c->n, c->NH, part, c->T, 1);
+        free(part);
         /* the stored values, rounded on the host as kv_store rounds them */
         float *Kr = (float *)kvt_malloc(nkv * 4), *Vr = (float *)kvt_malloc(nkv * 4);
         for (int w = 0; w < 2; w++) {
@@ -819,14 +827,18 @@ static void test_attention_spec(void) {
                  c->n, kvt_dtype_name(c->dt));
         snprintf(what, sizeof(what), "attention fused spec (key by key) vs float64 (%s)", cfg);
         tally(kvt_check(what, spec, ref, (long)no, shape, TOL_ATTN, "TOL_ATTN"));
+        attn_run(c, 0, 2, 7, got, NULL, NULL); /* the spec in pieces of 7 keys, then the merge */
+        snprintf(what, sizeof(what), "attention fused spec, split_len 7, vs float64 (%s)", cfg);
+        tally(kvt_check(what, got, ref, (long)no, shape, TOL_ATTN, "TOL_ATTN"));
         int splits[] = {0, 7};
         for (int gpu = 0; gpu < 1 + kvt_gpu_available(); gpu++)
-            for (int si = 0; si < 2; si++) {
-                attn_run(c, gpu, 1, splits[si], got, NULL, NULL);
-                snprintf(what, sizeof(what), "attention fused %s, split_len %d, vs the spec (%s)",
-                         gpu ? "gpu kernel" : "cpu tiled loop", splits[si], cfg);
-                tally(kvt_check(what, got, spec, (long)no, shape, TOL_ATTN, "TOL_ATTN"));
-            }
+            for (int impl = 1; impl <= 1 + gpu; impl++) /* the tuned path; on the GPU also the plain kernel */
+                for (int si = 0; si < 2; si++) {
+                    attn_run(c, gpu, impl, splits[si], got, NULL, NULL);
+                    snprintf(what, sizeof(what), "attention fused %s, split_len %d, vs the spec (%s)",
+                             impl == 2 ? "gpu plain kernel" : gpu ? "gpu kernel" : "cpu tiled loop", splits[si], cfg);
+                    tally(kvt_check(what, got, spec, (long)no, shape, TOL_ATTN, "TOL_ATTN"));
+                }
         free(K); free(V); free(J); free(q); free(pos); free(len); free(tab);
         free(spec); free(ref); free(got); free(Kr); free(Vr);
         pool_free(&p);
@@ -1132,6 +1144,98 @@ static void test_gpu_matrix(void) {
     tally(kvt_check("gpu vs cpu up to the last position of the context (TMAX=40, CH=3)", b, a, 35L * V,
                     "step=35,vocab=53", KVT_TOL_GPU, "KVT_TOL_GPU"));
     free(a); free(b); free(lc); free(lg);
+    kvt_model_free(&m);
+}
+
+/* --plain (kvt_options.plain) against the tuned path, on a covering set
+ * rather than every combination: each cache type, chunks of 5 with prefills
+ * cut into calls of 16 rows, the CPU's automatic split and a fixed one, a
+ * ragged decode batch (fp32); on the CPU and the GPU (emulated or real: fp16
+ * and int8 alone, fp32 in the batch, few steps; the tuned fp16 kernel
+ * rounds differently, so the GPU side has the GPU's tolerance). The engine
+ * must have picked the plain table: the two paths agree, so agreement alone
+ * would not show that --plain ran anything different. */
+static void batch_greedy(kvt_model *m, const kvt_options *o, int steps, float *logits, int *toks) {
+    enum { NS = 3 };
+    int np[NS] = {9, 2, 23}, V = m->c.vocab_size, next[NS], ones[NS] = {1, 1, 1};
+    kvt_engine *e;
+    kvt_seq seqs[NS], *ptr[NS];
+    float *lg = (float *)kvt_malloc((size_t)NS * V * 4);
+    KVT_ASSERT(kvt_engine_create(&e, m, o) == KVT_OK);
+    for (int i = 0; i < NS; i++) {
+        int prompt[23];
+        kvt_fake_tokens(prompt, np[i], V);
+        prompt[0] = 3 + i;
+        ptr[i] = &seqs[i];
+        kvt_seq_init(e, &seqs[i]);
+        KVT_ASSERT(kvt_forward(e, &seqs[i], prompt, np[i], lg + (size_t)i * V, 0) == KVT_OK);
+    }
+    for (int step = 0; step < steps; step++) {
+        for (int i = 0; i < NS; i++) next[i] = toks[step * NS + i] = kvt_argmax(lg + (size_t)i * V, V);
+        KVT_ASSERT(kvt_forward_batch(e, ptr, NS, next, ones, lg) == KVT_OK);
+        memcpy(logits + (size_t)step * NS * V, lg, (size_t)NS * V * 4);
+    }
+    for (int i = 0; i < NS; i++) kvt_seq_free(e, &seqs[i]);
+    kvt_engine_free(e);
+    free(lg);
+}
+static void test_plain(void) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(64, 2, 4, 2, 96, 67, 200), 31) == KVT_OK);
+    int V = 67, np = 40, steps = 150, prompt[40], ta[190], tb[190];
+    kvt_fake_tokens(prompt, np, V);
+    float *la = (float *)kvt_malloc((size_t)steps * V * 4), *lb = (float *)kvt_malloc((size_t)steps * V * 4);
+    struct { kvt_dtype dt; int split; const char *what; } cases[] = {
+        {KVT_FP32, 0, "fp32, automatic split"}, {KVT_FP16, 64, "fp16, split 64"}, {KVT_INT8, -1, "int8, no split"}};
+    for (int gpu = 0; gpu < 1 + kvt_gpu_available(); gpu++) {
+        for (int i = 0; i < 3; i++) {
+            kvt_options o;
+            kvt_options_default(&o);
+            o.device = gpu ? KVT_GPU : KVT_CPU;
+            o.CH = 5;
+            o.max_rows = 16; /* the 40-token prompt: calls of 16, 16, 8 rows */
+            o.kv_dtype = cases[i].dt;
+            o.kv_group = 8;
+            o.split_len = cases[i].split;
+            if (gpu && cases[i].dt == KVT_FP32) continue; /* the emulation is slow: fp32 in the batch below */
+            if (gpu && cases[i].split > 0) o.split_len = 8; /* and few steps there, so pieces of 8 */
+            int ns = gpu ? 3 : steps, npr = gpu ? 20 : np; /* the CPU: past 128 positions, where its split begins */
+            KVT_ASSERT(generate(&m, &o, prompt, npr, ns, ta, la) == KVT_OK);
+            o.plain = 1;
+            KVT_ASSERT(generate(&m, &o, prompt, npr, ns, tb, lb) == KVT_OK);
+            char what[160];
+            snprintf(what, sizeof(what), "--plain vs tuned (%s): %s, CH 5, a %d-token prefill in calls of 16 rows, %d steps",
+                     gpu ? "gpu" : "cpu", gpu && cases[i].split > 0 ? "fp16, split 8" : cases[i].what, npr, ns);
+            int ok = gpu ? kvt_check(what, lb, la, (long)ns * V, "step=3,vocab=67", KVT_TOL_GPU, "KVT_TOL_GPU")
+                         : kvt_check(what, lb, la, (long)ns * V, "step=150,vocab=67", TOL_E2E, "TOL_E2E");
+            int same = !memcmp(ta, tb, sizeof(int) * (size_t)(npr + ns));
+            if (!same) printf("FAIL %s: the greedy tokens differ\n", what);
+            tally(ok && same);
+        }
+        kvt_options o;
+        kvt_options_default(&o);
+        o.device = gpu ? KVT_GPU : KVT_CPU;
+        o.CH = 4;
+        o.max_seqs = 3;
+        int bs = gpu ? 2 : 4; /* batch steps */
+        float *ba = (float *)kvt_malloc(12L * V * 4), *bb = (float *)kvt_malloc(12L * V * 4);
+        batch_greedy(&m, &o, bs, ba, ta);
+        o.plain = 1;
+        batch_greedy(&m, &o, bs, bb, tb);
+        char what[120];
+        snprintf(what, sizeof(what), "--plain vs tuned (%s): a batch of 3 sequences (prompts 9, 2, 23), %d steps",
+                 gpu ? "gpu" : "cpu", bs);
+        tally(kvt_check(what, bb, ba, (long)bs * 3 * V, "step=4,seq=3,vocab=67", gpu ? KVT_TOL_GPU : TOL_E2E,
+                        gpu ? "KVT_TOL_GPU" : "TOL_E2E") &&
+              !memcmp(ta, tb, (size_t)bs * 3 * sizeof(int)));
+        kvt_engine *e;
+        KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+        expect(e->op == (gpu ? &kvt_gpu_plain_ops : &kvt_cpu_plain_ops) && e->op->matmul != (gpu ? matmul_gpu : matmul_cpu),
+               "--plain (%s): the engine runs the plain table (spec matmul and attention)", gpu ? "gpu" : "cpu");
+        kvt_engine_free(e);
+        free(ba); free(bb);
+    }
+    free(la); free(lb);
     kvt_model_free(&m);
 }
 
@@ -5655,6 +5759,7 @@ int main(int argc, char **argv) {
     RUN(test_gpu_split_rule());
     RUN(test_cache_on_off());
     RUN(test_prefill());
+    RUN(test_plain());
     RUN(test_quantized_e2e());
     RUN(test_fork_cow(0));
     RUN(test_batch(0));

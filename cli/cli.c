@@ -104,6 +104,9 @@ static void usage(FILE *f) {
         "  --attn naive|fused      attention implementation (default fused)\n"
         "  --split N               fused attention: positions per split (0 auto, -1 never)\n"
         "  --device cpu|gpu        where to run (default gpu when a CUDA device exists)\n"
+        "  --plain                 every op through kvtransformer.cu's own version (the specs, the plain\n"
+        "                          kernels), none of the tuned loops in cpu/ and gpu/: what you read is\n"
+        "                          what runs, for gdb. Decode is several times slower (one-core attention)\n"
         "  --stats                 print cache and timing figures at the end\n"
         "  --check                 run CPU and GPU side by side; print the logit difference per step (stderr)\n"
         "  --ppl FILE              perplexity of a text file (teacher forced, windows of TMAX)\n"
@@ -318,6 +321,7 @@ static const cli_flag cli_flags[] = {
     {"--attn", NULL, ARG_CHOICE, AT(o.attn), 0, 0, arg_attns},
     {"--split", NULL, ARG_INT, AT(o.split_len), -1, KVT_LIMIT_SEQ, NULL},
     {"--device", NULL, ARG_CHOICE, AT(o.device), 0, 0, arg_devs},
+    {"--plain", NULL, ARG_FLAG, AT(o.plain), 0, 0, NULL},
     {"--stats", NULL, ARG_FLAG, AT(stats), 0, 0, NULL},
     {"--check", NULL, ARG_FLAG, AT(check), 0, 0, NULL},
     {"--trace", NULL, ARG_OPT, AT(trace), 0, 0, NULL},
@@ -590,8 +594,10 @@ static void print_stats(kvt_engine *e, const kvt_seq *const *seqs, int n_seqs) {
     if (!e->gpu) kvt_blas_note();
     kvt_cache_usage u;
     kvt_cache_usage_of(e, seqs, n_seqs, &u);
-    fprintf(stderr, "[stats] device %s | attention %s | kv cache %s, %s, CH %d\n", e->gpu ? kvt_gpu_name() : "cpu",
-            e->o.attn == KVT_ATTN_NAIVE ? "naive" : "fused", e->o.kv_cache ? "on" : "off (recomputed every step)",
+    fprintf(stderr, "[stats] device %s | attention %s%s | kv cache %s, %s, CH %d\n", e->gpu ? kvt_gpu_name() : "cpu",
+            e->o.attn == KVT_ATTN_NAIVE ? "naive" : "fused",
+            e->o.plain ? " | plain (the file's own ops: no tuned loops; slower)" : "",
+            e->o.kv_cache ? "on" : "off (recomputed every step)",
             kvt_dtype_name(p->dtype), p->CH);
     fprintf(stderr, "[stats] bits per cached value %.2f%s; chunk %.0f bytes; pool %.0f bytes\n", u.bits_per_value,
             p->dtype == KVT_INT8 ? " (8 + 32/G for the fp32 scale)" : "", (double)p->chunk_elems * u.bits_per_value / 8,
