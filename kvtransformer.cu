@@ -102,7 +102,12 @@ static void kvt_fatal(const char *file, int line, const char *fmt, ...) {
 #define KVT_ASSERT(cond) \
     do { if (!(cond)) kvt_fatal(__FILE__, __LINE__, "assertion failed: %s", #cond); } while (0)
 
+/* Allocations made through kvt_malloc and host_alloc (buf_alloc's host
+ * buffers), counted: test.c checks that a forward call after the first makes
+ * none. */
+static long kvt_alloc_count;
 static void *kvt_malloc(size_t bytes) { /* invariant-level allocation (small) */
+    kvt_alloc_count++;
     void *p = malloc(bytes > 0 ? bytes : 1);
     if (!p) kvt_fatal(__FILE__, __LINE__, "out of host memory (%zu bytes)", bytes);
     return p;
@@ -116,6 +121,7 @@ static void *kvt_malloc(size_t bytes) { /* invariant-level allocation (small) */
  * Where the kernel says no, the pages are just small. */
 static void *host_alloc(size_t bytes) {
     size_t huge = (size_t)2 << 20;
+    kvt_alloc_count++;
     if (bytes < huge) return malloc(bytes > 0 ? bytes : 1);
     void *p = NULL;
     if (posix_memalign(&p, huge, bytes) != 0) return NULL;
@@ -1279,6 +1285,9 @@ typedef struct {
     const int *row_tab;  /* (n) offset of row r's table in tables */
     const int *row_pos;  /* (n) position of row r */
     const int *row_len;  /* (n) length of row r's sequence once this call is done */
+    char *work;          /* the CPU's tiled attention: work_bytes of scratch per thread (the engine's) */
+    size_t work_bytes;
+    int work_threads;    /* threads that have scratch: its parallel loop uses at most this many */
 } kvt_kv;
 /* The one place a kvt_kv is filled in: the storage and shape of pool p, with
  * these chunk tables and rows (NULL where the caller has no rows). A field
@@ -1602,7 +1611,8 @@ static void attention_fused_cpu(float *out, const float *q, kvt_kv kv, int l, in
         if (r == 0 || kv.row_tab[r] != kv.row_tab[r - 1] || r - first[nb - 1] == KVT_ATTN_QROWS) first[nb++] = r;
     first[nb] = n;
     int items = nb * nsplit;
-#pragma omp parallel for schedule(dynamic) if (items > 1)
+    KVT_ASSERT(kv.work && kv.work_threads > 0); /* the scratch of attention_piece_cpu, one per thread */
+#pragma omp parallel for schedule(dynamic) if (items > 1) num_threads(kv.work_threads)
     for (int it = 0; it < items; it++)
         attention_piece_cpu(part, q, &kv, l, NH, first[it / nsplit], first[it / nsplit + 1], it % nsplit, split_len, nsplit);
     attention_merge_cpu(out, part, n, NH, kv.HS, nsplit);
@@ -1817,6 +1827,9 @@ struct kvt_engine {
     int *h_pos, *h_len, *h_tab; /* (rows) host staging of row_pos, row_len, row_tab */
     int *h_tables; /* (max_seqs * ceil(TMAX/CH)) host staging of tables */
     int *h_out;    /* (rows) the rows whose logits a batch wants: each sequence's last */
+    int *h_cow;    /* (rows) kvt_forward_batch's plan: the shared chunks its forks will copy */
+    char *h_work;  /* CPU engines: the tiled attention's scratch, attn_work_bytes per thread */
+    int work_threads; /* the team size at create (omp_get_max_threads), which h_work is sized for */
     float *h_scores; /* (rows, NH, TMAX) host copy of the weights for o.attn_probe (one float without it) */
     /* counters for --stats */
     double t_prefill, t_decode;
@@ -1888,6 +1901,8 @@ void kvt_engine_free(kvt_engine *e) {
     free(e->h_tables);
     free(e->h_out);
     free(e->h_scores);
+    free(e->h_cow);
+    free(e->h_work);
     free(e);
 }
 
@@ -1897,8 +1912,9 @@ void kvt_engine_free(kvt_engine *e) {
  * with overflow checks; one check that all of it fits in memory
  * (kvt_mem_check); only then the allocations and the weights' upload (GPU), so
  * a failure leaves nothing behind. The scratch here is sized for the largest
- * call (max_rows rows, max_seqs sequences), so a forward call does not fail
- * for lack of memory halfway through. Sequences are created separately
+ * call (max_rows rows, max_seqs sequences; the CPU attention's work space
+ * per thread of the team), so a forward call allocates nothing and cannot
+ * fail for lack of memory halfway through (test_no_alloc). Sequences are created separately
  * (kvt_seq_init) and hold only chunk ids of this engine's pool. */
 kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *o) {
     *out = NULL;
@@ -1942,6 +1958,7 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
     openblas_set_num_threads(1); /* sgemm runs inside our parallel loops (§9) */
     e->op = e->o.plain ? (e->gpu ? &kvt_gpu_plain_ops : &kvt_cpu_plain_ops) : e->gpu ? &kvt_gpu_ops : &kvt_cpu_ops;
     e->rows = o->max_rows;
+    e->work_threads = omp_get_max_threads();
     /* The split scratch is sized for the most pieces any call can need (attn_split). */
     size_t R = (size_t)e->rows, cpu_parts = (size_t)KVT_CPU_SPLIT_ROWS * (size_t)kvt_cdiv(TMAX, KVT_CPU_SPLIT);
     e->sms = e->gpu ? kvt_gpu_sms() : 0;
@@ -1970,8 +1987,10 @@ kvt_status kvt_engine_create(kvt_engine **out, kvt_model *m, const kvt_options *
         {(void **)&e->h_tab, "h_tab", R, 1, 1, 0}, {(void **)&e->h_tables, "h_tables", tab_entries, 1, 1, 0},
         {(void **)&e->h_out, "h_out", R, 1, 1, 0},
         {(void **)&e->h_scores, "h_scores", o->attn_probe ? R : 1, o->attn_probe ? NH : 1, o->attn_probe ? T : 1, 0},
+        {(void **)&e->h_cow, "h_cow", R, 1, 1, 0},
+        {(void **)&e->h_work, "h_work", e->gpu ? 1 : (size_t)e->work_threads, e->gpu ? 1 : attn_work_bytes((int)NH, HS) / 4, 1, 0},
     };
-    const int n_bufs = (int)(sizeof(b) / sizeof(b[0])), n_dev = n_bufs - 6; /* the first n_dev: engine's device */
+    const int n_bufs = (int)(sizeof(b) / sizeof(b[0])), n_dev = n_bufs - 8; /* the first n_dev: engine's device */
     size_t pool_data = 0, pool_scales = 0;
     kvt_status st = pool_shape(&e->pool, e->gpu, c->n_layers, c->n_kv_heads, HS, o->CH, n_chunks, o->kv_dtype,
                                e->o.kv_group, &pool_data, &pool_scales);
@@ -2108,6 +2127,16 @@ static void attn_split(const kvt_engine *e, int max_pos, int n_rows, int *split_
     *nsplit = kvt_cdiv(T, len);
 }
 
+/* The cache as this call's rows see it, with the engine's attention scratch
+ * (the CPU's tiled loop works there: a forward call allocates nothing). */
+static kvt_kv engine_kv(const kvt_engine *e) {
+    kvt_kv kv = kv_view(&e->pool, e->tables, e->row_tab, e->row_pos, e->row_len);
+    kv.work = e->h_work;
+    kv.work_bytes = attn_work_bytes(e->m->c.n_heads, e->m->head_size);
+    kv.work_threads = e->work_threads;
+    return kv;
+}
+
 /* The hook of --dump-attn (kvt_options.attn_probe), in cli/inspect.c. */
 static void attn_probe_rows(kvt_engine *e, kvt_kv kv, int l, int n);
 
@@ -2130,8 +2159,7 @@ static void forward_rows(kvt_engine *e, int n, const int *out, int n_out) {
     const kvt_ops *op = e->op;
     int D = c->dim, HD = c->hidden_dim, NH = c->n_heads, NKV = c->n_kv_heads, HS = e->m->head_size;
     int KVD = e->m->kv_dim, V = c->vocab_size, TMAX = c->seq_len;
-    kvt_pool *p = &e->pool;
-    kvt_kv kv = kv_view(p, e->tables, e->row_tab, e->row_pos, e->row_len);
+    kvt_kv kv = engine_kv(e);
     int max_pos = 0, split_len, nsplit;
     for (int r = 0; r < n; r++) max_pos = e->h_pos[r] > max_pos ? e->h_pos[r] : max_pos;
     attn_split(e, max_pos, n, &split_len, &nsplit);
@@ -2279,13 +2307,12 @@ kvt_status kvt_forward_batch(kvt_engine *e, kvt_seq *const *seqs, int n_seqs, co
      * filled chunk each copy it, except the last holder, which then has it to
      * itself: each planned copy lowers the chunk's refcount here as
      * seq_reserve's release will, and the counts are put back afterwards. */
-    int *copied = NULL, n_copied = 0, cow = 0;
+    int *copied = e->h_cow, n_copied = 0, cow = 0; /* at most one copy per sequence: n_seqs <= rows */
     for (int i = 0; i < n_seqs && st == KVT_OK; i++) {
         const kvt_seq *s = seqs[i];
         int c = seq_needs_cow(p, s, s->len + ntok[i]);
         need += seq_chunks_needed(p, s, s->len + ntok[i]);
         if (c) {
-            if (!copied) copied = (int *)kvt_malloc((size_t)n_seqs * sizeof(int));
             copied[n_copied] = s->table[s->len / p->CH];
             p->refcount[copied[n_copied++]]--;
             cow++;
@@ -2297,7 +2324,6 @@ kvt_status kvt_forward_batch(kvt_engine *e, kvt_seq *const *seqs, int n_seqs, co
                           p->n_free, p->n_chunks);
     }
     for (int k = 0; k < n_copied; k++) p->refcount[copied[k]]++;
-    free(copied);
     if (st != KVT_OK) return st;
     for (int i = 0, r = 0; i < n_seqs; i++) {
         kvt_seq *s = seqs[i];

@@ -447,6 +447,15 @@ static int ref_visible(int t, int p) {
     return t <= p;
 }
 
+/* The CPU tiled attention's scratch for a kv_view made by a test (an
+ * engine's views carry the engine's): one per thread; the caller frees it. */
+static char *kv_test_work(kvt_kv *kv, int NH) {
+    kv->work_threads = omp_get_max_threads();
+    kv->work_bytes = attn_work_bytes(NH, kv->HS);
+    kv->work = (char *)kvt_malloc((size_t)kv->work_threads * kv->work_bytes);
+    return kv->work;
+}
+
 /* Build a cache of T positions for layer 1 of a 2-layer pool (layer 0 holds
  * other values, to catch layer mix-ups), with chunks taken in a scrambled
  * order, then run one attention implementation for the last n positions.
@@ -480,6 +489,7 @@ static void attn_run(const acase *c, int gpu, int impl, int split_len, float *ou
     float *dK = (float *)dev_copy(gpu, K, (size_t)c->T * KVD * 4), *dV = (float *)dev_copy(gpu, V, (size_t)c->T * KVD * 4);
     float *dK0 = (float *)dev_copy(gpu, K0, (size_t)c->T * KVD * 4);
     kvt_kv kv = kv_view(&p, d_tables, d_tab, d_pos, d_len);
+    char *work = kv_test_work(&kv, c->NH);
 #if defined(KVT_EXERCISE) && (KVT_EXERCISE == 1 || KVT_EXERCISE == 2)
     kv.window = ex_window;
     kv.sinks = ex_sinks;
@@ -519,6 +529,7 @@ static void attn_run(const acase *c, int gpu, int impl, int split_len, float *ou
     buf_free(gpu, d_tables); buf_free(gpu, d_pos); buf_free(gpu, d_len); buf_free(gpu, d_tab);
     buf_free(gpu, dK); buf_free(gpu, dV); buf_free(gpu, dK0); buf_free(gpu, dq); buf_free(gpu, dout);
     free(s.table); free(s.how); free(all); free(K); free(V); free(K0); free(q); free(pos); free(len); free(tab);
+    free(work);
     pool_free(&p);
 }
 
@@ -739,6 +750,7 @@ static void test_attention_ragged(int gpu) {
         int *d_pos = (int *)dev_copy(gpu, rpos, (size_t)rows * sizeof(int)), *d_len = (int *)dev_copy(gpu, rlen, (size_t)rows * sizeof(int));
         int *d_tab = (int *)dev_copy(gpu, rtab, (size_t)rows * sizeof(int));
         kvt_kv kv = kv_view(&p, d_tables, d_tab, d_pos, d_len);
+        char *work = kv_test_work(&kv, NH);
         float *dq = (float *)dev_copy(gpu, q, (size_t)rows * NH * HS * 4), *dout, *scratch;
         KVT_ASSERT(buf_alloc(gpu, (void **)&dout, (size_t)rows * NH * HS * 4, "test") == KVT_OK);
         KVT_ASSERT(buf_alloc(gpu, (void **)&scratch, (size_t)rows * NH * TMAX * 4 + (size_t)rows * NH * 8 * (2 + HS) * 4,
@@ -759,6 +771,7 @@ static void test_attention_ragged(int gpu) {
         buf_free(gpu, dq); buf_free(gpu, dout); buf_free(gpu, scratch);
         for (int i = 0; i < NSEQ; i++) { free(s[i].table); free(s[i].how); }
         free(rpos); free(rlen); free(rtab); free(q); free(ref); free(Kd); free(Vd);
+        free(work);
         pool_free(&p);
     }
 }
@@ -1144,6 +1157,50 @@ static void test_gpu_matrix(void) {
     tally(kvt_check("gpu vs cpu up to the last position of the context (TMAX=40, CH=3)", b, a, 35L * V,
                     "step=35,vocab=53", KVT_TOL_GPU, "KVT_TOL_GPU"));
     free(a); free(b); free(lc); free(lg);
+    kvt_model_free(&m);
+}
+
+/* "A forward never allocates": after a sequence's first forward call, decode
+ * steps, a batch with forks that copy on write and a longer prefill make no
+ * allocation through kvt_malloc or host_alloc (the CPU's tiled attention
+ * works in the engine's scratch). Plain malloc elsewhere (kvt_seq_init's
+ * chunk table, the caller's buffers) is outside the count, and so is the
+ * engine's creation. On the CPU, threads as the machine has, every cache type. */
+static void test_no_alloc(void) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(64, 2, 4, 2, 96, 67, 300), 33) == KVT_OK);
+    int V = 67, toks[300];
+    kvt_fake_tokens(toks, 300, V);
+    float *lg = (float *)kvt_malloc(3L * V * 4);
+    for (int dt = 0; dt < 3; dt++) {
+        kvt_options o;
+        kvt_options_default(&o);
+        o.device = KVT_CPU;
+        o.kv_dtype = (kvt_dtype)dt;
+        o.CH = 8;
+        o.max_seqs = 3;
+        kvt_engine *e;
+        kvt_seq a, f1, f2;
+        KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+        KVT_ASSERT(kvt_seq_init(e, &a) == KVT_OK && kvt_seq_init(e, &f1) == KVT_OK && kvt_seq_init(e, &f2) == KVT_OK);
+        KVT_ASSERT(kvt_forward(e, &a, toks, 5, lg, 0) == KVT_OK); /* the first call */
+        long before = kvt_alloc_count;
+        kvt_status st = kvt_forward(e, &a, toks + 5, 200, lg, 0); /* a prefill cut into calls, past the split length */
+        for (int i = 0; i < 4 && st == KVT_OK; i++) st = kvt_forward(e, &a, toks + 205 + i, 1, lg, 0); /* decode, split */
+        if (st == KVT_OK) st = kvt_seq_fork(e, &f1, &a);
+        if (st == KVT_OK) st = kvt_seq_fork(e, &f2, &a);
+        kvt_seq *three[3] = {&a, &f1, &f2};
+        int next[3] = {7, 8, 9}, ones[3] = {1, 1, 1};
+        if (st == KVT_OK) st = kvt_forward_batch(e, three, 3, next, ones, lg); /* two forks copy the shared chunk */
+        long made = kvt_alloc_count - before;
+        expect(st == KVT_OK && made == 0 && e->pool.cow_copies == 2,
+               "no allocation in forward calls after the first (%s cache: a 200-token prefill, 4 decode steps, a batch "
+               "of 3 with 2 copy-on-write copies): %ld allocation(s), %ld copies", kvt_dtype_name((kvt_dtype)dt), made,
+               e->pool.cow_copies);
+        kvt_seq_free(e, &a); kvt_seq_free(e, &f1); kvt_seq_free(e, &f2);
+        kvt_engine_free(e);
+    }
+    free(lg);
     kvt_model_free(&m);
 }
 
@@ -1942,6 +1999,8 @@ static void test_cli(void) {
     cli_expect("--random 32,1,4,2,64,50,32 --prompt-tokens 40", 0, "--prompt-tokens 40: more than TMAX = 32");
     cli_expect("--random 32,1,4,2,64,50,32 --topp 0", 0, "--topp '0': expected a number in [1e-06, 1]");
     cli_expect("--random 32,1,4,2,64,50,32 -n 5 -t 0 --stats", 1, "[stats] chunks in use");
+    cli_expect("--random 32,1,4,2,64,50,32 -n 5 -t 0 --plain --stats", 1, "| plain (the file's own ops: no tuned loops; slower)");
+    cli_expect("--help", 1, "--plain                 every op through kvtransformer.cu's own version");
     cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --stats", 1, "--- sequence 2 (seed 44) ---");
     cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --stats --fork-share off", 1, "(0.0% saved)");
     cli_expect("--random 32,1,4,2,64,50,32 --fork 3 -n 5 --chunk 4 --chunks 4", 0, "of the batch cannot grow");
@@ -5760,6 +5819,7 @@ int main(int argc, char **argv) {
     RUN(test_cache_on_off());
     RUN(test_prefill());
     RUN(test_plain());
+    RUN(test_no_alloc());
     RUN(test_quantized_e2e());
     RUN(test_fork_cow(0));
     RUN(test_batch(0));

@@ -78,4 +78,20 @@ r1=$(echo "$l1" | tr -d '{},' | awk '{for(i=1;i<=NF;i++) printf "%.4f ", $i}')
 r2=$(echo "$l2" | tr -d '{},' | awk '{for(i=1;i<=NF;i++) printf "%.4f ", $i}')
 if [ -n "$r1" ] && [ "$r1" = "$r2" ]; then echo "PASS walkthrough: cache on and off print the same logits ($r1)"
 else echo "FAIL walkthrough: cache on printed $l1, cache off $l2"; fail=1; fi
+# README's "The debugger": every function its list of one token's calls names is reached under --plain
+# (a name in backticks with no space; the gdb command `run` is not one)
+names=$(awk '/^## The debugger/ { f = 1; next } f && /^#/ { f = 0 } f && /^[0-9]+\. /' README.md | grep -o '`[a-z_0-9]*`' | tr -d '`' |
+  awk '$0 != "run" && !seen[$0]++')
+: > "$tmp/step.gdb"
+for n in $names; do # a name gdb does not know would end the script: those are reported below instead
+  grep -qE "\<$n\(" kvtransformer.cu cli/*.c cpu/*.c gpu/*.cu || continue
+  printf 'tbreak %s\ncommands\nsilent\nprintf "[reached] %s\\n"\ncontinue\nend\n' "$n" "$n" >> "$tmp/step.gdb"
+done
+printf 'run\n' >> "$tmp/step.gdb"
+OMP_WAIT_POLICY=passive timeout 120 gdb -q -nx -batch -x "$tmp/step.gdb" --args ./kvt-debug --plain -n 3 > "$tmp/step.out" 2>&1
+missed=""
+for n in $names; do grep -q "\[reached\] $n$" "$tmp/step.out" || missed="$missed $n"; done
+if [ -z "$names" ]; then echo "FAIL walkthrough: README.md has no function names in the list under \"The debugger\""; fail=1
+elif [ -n "$missed" ]; then echo "FAIL walkthrough: README's list of one token's calls names functions gdb never reached with --plain:$missed"; fail=1
+else echo "PASS walkthrough: README's list of one token's calls: all $(echo $names | wc -w) functions it names reached with --plain, in gdb"; fi
 exit $fail

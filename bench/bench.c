@@ -375,7 +375,7 @@ static kvt_status bench_attention(kvt_model *m, const kvt_options *o, int T, FIL
     buf_upload(e->gpu, e->q, q, (size_t)D * sizeof(float));
     stage_seq(e, 0, &s, 1, T - 1, 0);
     stage_upload(e, &tok, 1, s.n_table);
-    kvt_kv kv = kv_view(p, e->tables, e->row_tab, e->row_pos, e->row_len);
+    kvt_kv kv = engine_kv(e);
     int auto_len, auto_n;
     attn_split(e, T - 1, 1, &auto_len, &auto_n);
     if (auto_n == 1 && (size_t)kvt_cdiv(T, 256) <= e->part_cap) { /* split anyway (pieces of 256), to compare */

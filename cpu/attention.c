@@ -358,6 +358,19 @@ static void tile_v_rows_cpu(float *acc, float (*w)[KVT_ATTN_TILE], const kvt_kv 
  * Reading K one kv head at a time instead (32 rows of HS values, KVD apart)
  * does not stream memory in order, and then the bytes fp16 and int8 save buy
  * no time: their caches are read no faster than fp32's. */
+/* A work item's scratch, in kv->work (the engine's, one per thread, sized at
+ * create so that a forward call allocates nothing): at part 0 the block's
+ * query pointers qs, at part 1 their tiles of scores, at part 2 an fp32
+ * decode row's sums acc; part 3 is the size. Each part starts on 64 bytes. */
+static size_t attn_work_at(int NH, int HS, int part) {
+    size_t nq = (size_t)KVT_ATTN_QROWS * NH, at[4];
+    at[0] = 0;
+    at[1] = at[0] + (nq * sizeof(float *) + 63) / 64 * 64;
+    at[2] = at[1] + (nq * KVT_ATTN_TILE * sizeof(float) + 63) / 64 * 64;
+    at[3] = at[2] + ((size_t)NH * HS * sizeof(float) + 63) / 64 * 64;
+    return at[part];
+}
+static size_t attn_work_bytes(int NH, int HS) { return attn_work_at(NH, HS, 3); }
 static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, int l, int NH, int r0, int r1,
                                 int sp, int split_len, int nsplit) {
     int HS = kv->HS, group = NH / kv->NKV, tab = kv->row_tab[r0], t_begin = sp * split_len, p_max = 0;
@@ -377,8 +390,11 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
      * head h of kh's group); the n = rows x group of them from u = kh * n on
      * read kv head kh's K rows. qs[u] is its q, scores[u] its tile of scores. */
     int nq = (r1 - r0) * NH, n = (r1 - r0) * group;
-    const float **qs = (const float **)kvt_malloc((size_t)nq * sizeof(float *));
-    float (*scores)[KVT_ATTN_TILE] = (float (*)[KVT_ATTN_TILE])kvt_malloc((size_t)nq * sizeof(*scores));
+    char *work = kv->work + (size_t)omp_get_thread_num() * kv->work_bytes;
+    const float **qs = (const float **)(void *)(work + attn_work_at(NH, HS, 0));
+    float (*scores)[KVT_ATTN_TILE] = (float (*)[KVT_ATTN_TILE])(void *)(work + attn_work_at(NH, HS, 1));
+    KVT_ASSERT(omp_get_thread_num() < kv->work_threads && attn_work_bytes(NH, HS) <= kv->work_bytes &&
+               nq <= KVT_ATTN_QROWS * NH); /* the scratch holds a block's queries */
     for (int kh = 0, u = 0; kh < kv->NKV; kh++)
         for (int r = r0; r < r1; r++)
             for (int h = kh * group; h < (kh + 1) * group; h++) qs[u++] = q + ((size_t)r * NH + h) * HS;
@@ -390,7 +406,7 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
     size_t rsc = (size_t)kv->NKV * kv->HG, vsoff = (size_t)kv->CH * rsc;
     /* an fp32 decode row sums V in memory order, into acc (NH, HS), copied to part[] at the end */
     int vrows = r1 - r0 == 1 && kv->dtype == KVT_FP32;
-    float *acc = vrows ? (float *)kvt_malloc((size_t)NH * HS * sizeof(float)) : NULL;
+    float *acc = vrows ? (float *)(void *)(work + attn_work_at(NH, HS, 2)) : NULL;
     for (int c = 0; vrows && c < NH * HS; c++) acc[c] = 0.0f;
     for (int t0 = t_begin, nt; t0 < t_end; t0 += nt) {
         nt = t_end - t0 < KVT_ATTN_TILE ? t_end - t0 : KVT_ATTN_TILE;
@@ -438,7 +454,4 @@ static void attention_piece_cpu(float *part, const float *q, const kvt_kv *kv, i
     }
     for (int h = 0; vrows && h < NH; h++)
         memcpy(part + (((size_t)r0 * NH + h) * nsplit + sp) * (2 + HS) + 2, acc + (size_t)h * HS, HS * sizeof(float));
-    free(acc);
-    free(qs);
-    free(scores);
 }
