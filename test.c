@@ -11,6 +11,7 @@
 #pragma GCC diagnostic ignored "-Wunused-function" /* the runners that only main calls */
 #include "kvtransformer.cu"
 #include <unistd.h> /* getpid: the tests' temporary file names */
+#include <fcntl.h>  /* open: files the exercise checks send a run's output to */
 
 /* Tolerances, each relative to the largest |value| of the reference:
  * TOL_OP: one fp32 op (a dot product of <= 512 terms) against float64: fp32
@@ -4496,14 +4497,16 @@ static void exercise_check(void) {
             attn_run(c, 0, 0, 0, got, K, V);
             attn_ref(c, K, V, ref);
             for (int gpu = 0; gpu < 1 + kvt_gpu_available(); gpu++)
-                for (int mode = 0; mode < 3; mode++) {
-                    attn_run(c, gpu, mode > 0, mode == 2 ? 16 : 0, got, NULL, NULL);
+                for (int mode = 0; mode < 5; mode++) { /* naive; fused, whole and split 16; plain, whole and split */
+                    int impl = mode == 0 ? 0 : mode < 3 ? 1 : 2;
+                    attn_run(c, gpu, impl, mode == 2 || mode == 4 ? 16 : 0, got, NULL, NULL);
                     char what[200];
-                    int one_row = !gpu && mode > 0 && c->n == 1 && c->dt == KVT_FP32;
-                    snprintf(what, sizeof(what), "exercise 1: %s %s%s, window %d, sinks %d, T %d, rows %d, %s",
-                             gpu ? "GPU" : "CPU", mode == 0 ? "naive" : mode == 1 ? "fused" : "fused split 16",
-                             one_row ? ", one fp32 decode row (tile_v_rows_cpu)" : "", ex_window, ex_sinks, c->T, c->n,
-                             kvt_dtype_name(c->dt));
+                    int one_row = !gpu && impl == 1 && c->n == 1 && c->dt == KVT_FP32;
+                    snprintf(what, sizeof(what), "exercise 1: %s %s%s%s, window %d, sinks %d, T %d, rows %d, %s",
+                             gpu ? "GPU" : "CPU",
+                             impl == 0 ? "naive" : impl == 1 ? "fused" : gpu ? "--plain's attn_fused_plain_kernel" : "--plain's attention_fused_spec_cpu",
+                             mode == 2 || mode == 4 ? " split 16" : "", one_row ? ", one fp32 decode row (tile_v_rows_cpu)" : "",
+                             ex_window, ex_sinks, c->T, c->n, kvt_dtype_name(c->dt));
                     tally(kvt_check(what, got, ref, (long)no, "row=64,head=64,ch=1024", TOL_ATTN, "TOL_ATTN"));
                 }
             free(K); free(V); free(ref); free(got);
@@ -4512,18 +4515,19 @@ static void exercise_check(void) {
      * random model, a prompt of 8 and 40 greedy steps, chunks of 4. */
     kvt_model m;
     KVT_ASSERT(kvt_model_random(&m, cfg(32, 2, 4, 2, 64, 53, 64), 21) == KVT_OK);
-    int V = 53, np = 8, steps = 40, prompt[8], tok[4][48];
-    float *lg[4];
+    int V = 53, np = 8, steps = 40, prompt[8], tok[5][48];
+    float *lg[5];
     kvt_fake_tokens(prompt, np, V);
     kvt_options o;
     kvt_options_default(&o);
     o.device = KVT_CPU;
     o.CH = 4;
-    for (int run = 0; run < 4; run++) { /* 0: no window; 1: window 6, sinks 2; 2: the same, naive; 3: same, no cache */
+    for (int run = 0; run < 5; run++) { /* 0: no window; 1: window 6, sinks 2; the same 2: naive, 3: no cache, 4: --plain */
         o.window = run ? 6 : 0;
         o.sinks = run ? 2 : 0;
         o.attn = run == 2 ? KVT_ATTN_NAIVE : KVT_ATTN_FUSED;
         o.kv_cache = run != 3;
+        o.plain = run == 4;
         lg[run] = (float *)kvt_malloc((size_t)steps * V * sizeof(float));
         KVT_ASSERT(generate(&m, &o, prompt, np, steps, tok[run], lg[run]) == KVT_OK);
     }
@@ -4535,7 +4539,9 @@ static void exercise_check(void) {
                     (long)steps * V, "step=40,vocab=53", TOL_E2E, "TOL_E2E"));
     tally(kvt_check("exercise 1, engine: window 6 + sinks 2, cache off vs on, logits", lg[3], lg[1], (long)steps * V,
                     "step=40,vocab=53", TOL_E2E, "TOL_E2E"));
-    for (int run = 0; run < 4; run++) free(lg[run]);
+    tally(kvt_check("exercise 1, engine: window 6 + sinks 2, --plain vs tuned, logits", lg[4], lg[1], (long)steps * V,
+                    "step=40,vocab=53", TOL_E2E, "TOL_E2E"));
+    for (int run = 0; run < 5; run++) free(lg[run]);
     kvt_model_free(&m);
     char *argv[] = {(char *)"kvt", (char *)"--window", (char *)"6", (char *)"--sinks", (char *)"2", NULL};
     kvt_cli a;
@@ -4560,22 +4566,112 @@ static void exercise_check(void) {
     o.sinks = 4;
     o.prefix_reuse = 0;
     KVT_ASSERT(generate(&m, &o, prompt, np, steps, t_big, big) == KVT_OK); /* pool of 32 chunks */
-    for (int gpu = 0; gpu < 1 + kvt_gpu_available(); gpu++) {
+    for (int run = 0; run < 2 * (1 + kvt_gpu_available()); run++) { /* cpu, cpu --plain, gpu, gpu --plain */
+        int gpu = run / 2;
         o.device = gpu ? KVT_GPU : KVT_CPU;
+        o.plain = run % 2;
         o.n_chunks = 9; /* 36 positions for a sequence of 108: 1 sink chunk + 6 window + 2 in flight */
         kvt_status st = generate(&m, &o, prompt, np, steps, t_small, small);
-        expect(st == KVT_OK, "exercise 2 (%s): 108 positions run in a pool of 9 chunks of 4: %s", gpu ? "gpu" : "cpu",
-               st == KVT_OK ? "ok" : kvt_last_error());
+        char what[120];
+        snprintf(what, sizeof(what), "exercise 2: small pool (%s%s) vs large pool (cpu), logits", gpu ? "gpu" : "cpu",
+                 o.plain ? ", --plain" : "");
+        expect(st == KVT_OK, "%s: 108 positions run in a pool of 9 chunks of 4: %s", what, st == KVT_OK ? "ok" : kvt_last_error());
         if (st != KVT_OK) continue;
-        int ok = kvt_check(gpu ? "exercise 2: small pool (gpu) vs large pool (cpu), logits" : "exercise 2: small pool vs large pool, logits",
-                           small, big, (long)steps * V, "step=100,vocab=53", gpu ? KVT_TOL_GPU : TOL_E2E, gpu ? "KVT_TOL_GPU" : "TOL_E2E");
+        int ok = kvt_check(what, small, big, (long)steps * V, "step=100,vocab=53", gpu ? KVT_TOL_GPU : TOL_E2E,
+                           gpu ? "KVT_TOL_GPU" : "TOL_E2E");
         tally(ok && !memcmp(t_small, t_big, sizeof(t_big)));
     }
     free(big); free(small);
     kvt_model_free(&m);
 }
 #elif KVT_EXERCISE == 3 /* a 4-bit cache */
+/* The stored bytes against hand-computed ones: one position of one head,
+ * HS = G = 8, K = x and V = -x with max |x| = 7, so scale = 7/7 = 1 and q = x.
+ * Stored as q + 8, value 2i in the low 4 bits of byte i, 2i + 1 in the high:
+ *   K 1,-2 -> 9,6 -> 0x69; 3,-4 -> 11,4 -> 0x4b; 5,-6 -> 13,2 -> 0x2d; 7,0 -> 15,8 -> 0x8f
+ *   V -1,2 -> 7,10 -> 0xa7; -3,4 -> 0xc5; -5,6 -> 0xe3; -7,0 -> 1,8 -> 0x81 */
+static void ex3_bytes(int gpu) {
+    float x[8] = {1, -2, 3, -4, 5, -6, 7, 0}, nx[8], sc[2] = {0, 0};
+    for (int i = 0; i < 8; i++) nx[i] = -x[i];
+    const uint8_t want[2][4] = {{0x69, 0x4b, 0x2d, 0x8f}, {0xa7, 0xc5, 0xe3, 0x81}};
+    kvt_pool p;
+    KVT_ASSERT(pool_init(&p, gpu, 1, 1, 8, 1, 1, KVT_INT4, 8) == KVT_OK);
+    kvt_seq s;
+    memset(&s, 0, sizeof(s));
+    s.table = (int *)kvt_malloc(sizeof(int));
+    s.how = (char *)kvt_malloc(1);
+    KVT_ASSERT(seq_reserve(&p, &s, 1, "test") == KVT_OK);
+    int zero = 0, one = 1;
+    int *d_tables = (int *)dev_copy(gpu, s.table, sizeof(int)), *d_pos = (int *)dev_copy(gpu, &zero, sizeof(int));
+    int *d_len = (int *)dev_copy(gpu, &one, sizeof(int)), *d_tab = (int *)dev_copy(gpu, &zero, sizeof(int));
+    float *dk = (float *)dev_copy(gpu, x, sizeof(x)), *dv = (float *)dev_copy(gpu, nx, sizeof(nx));
+    kvt_kv kv = kv_view(&p, d_tables, d_tab, d_pos, d_len), hk = kv;
+    (gpu ? kv_write_gpu : kv_write_cpu)(kv, dk, dv, 0, 1);
+    uint8_t got[8];
+    buf_download(gpu, got, p.data, 8); /* the pool's one chunk: 16 values of 4 bits */
+    buf_download(gpu, sc, p.scales, sizeof(sc));
+    hk.tables = s.table; /* kv_index on the host reads the host's copy of the table */
+    for (int which = 0; which < 2; which++) {
+        const uint8_t *b = got + kv_index(&hk, 0, which, 0, 0, 0) / 2;
+        expect(!memcmp(b, want[which], 4) && sc[which] == 1.0f, "exercise 3 (%s): %s = %s stores the bytes "
+               "%02x %02x %02x %02x with scale 1 (got %02x %02x %02x %02x, scale %g): q + 8, value 2i in the low 4 bits",
+               gpu ? "gpu" : "cpu", which ? "V" : "K", which ? "-1,2,-3,4,-5,6,-7,0" : "1,-2,3,-4,5,-6,7,0",
+               want[which][0], want[which][1], want[which][2], want[which][3], b[0], b[1], b[2], b[3], sc[which]);
+    }
+    buf_free(gpu, d_tables); buf_free(gpu, d_pos); buf_free(gpu, d_len); buf_free(gpu, d_tab);
+    buf_free(gpu, dk); buf_free(gpu, dv);
+    free(s.table); free(s.how);
+    pool_free(&p);
+}
+/* The flag end to end: kvt --random ... --kv-dtype int4 --kv-group 16 --stats
+ * (and --check --device gpu where GPU kernels run), through the parser and
+ * run_single, stdout and stderr to a file: --stats must count 4 + 32/16 = 6
+ * bits per value, --check must pass. */
+static void ex3_flag(void) {
+    int gpu = kvt_gpu_available();
+    char *argv[] = {(char *)"kvt", (char *)"-n", (char *)"12", (char *)"--kv-dtype", (char *)"int4", (char *)"--kv-group",
+                    (char *)"16", (char *)"--stats", (char *)"--check", (char *)"--device", (char *)"gpu", NULL};
+    int argc = gpu ? 11 : 8;
+    kvt_cli cli;
+    memset(&cli, 0, sizeof(cli));
+    kvt_options_default(&cli.o);
+    int parsed = parse_args(&cli, argc, argv);
+    if (!expect(parsed == 1 && cli.o.kv_dtype == KVT_INT4, "exercise 3, command line: --kv-dtype int4 --kv-group 16 "
+                "sets an int4 cache%s%s", parsed == 1 ? "" : ": ", parsed == 1 ? "" : kvt_errbuf))
+        return;
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(64, 2, 4, 2, 160, 97, 128), 19) == KVT_OK);
+    kvt_engine *e;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &cli.o) == KVT_OK);
+    int prompt[6];
+    kvt_fake_tokens(prompt, 6, 97);
+    const char *path = tmp_file("ex3_run.txt");
+    fflush(stdout);
+    fflush(stderr);
+    int out = dup(1), err = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    KVT_ASSERT(out >= 0 && err >= 0 && fd >= 0 && dup2(fd, 1) == 1 && dup2(fd, 2) == 2);
+    int rc = run_single(e, &m, NULL, &cli, prompt, 6);
+    fflush(stdout);
+    fflush(stderr);
+    KVT_ASSERT(dup2(out, 1) == 1 && dup2(err, 2) == 2);
+    close(out); close(err); close(fd);
+    size_t bytes = 0;
+    char *log = read_all(path, &bytes);
+    expect(rc == 0 && log && strstr(log, "[stats] bits per cached value 6.00"), "exercise 3, command line: --kv-dtype int4 "
+           "--kv-group 16 --stats prints \"bits per cached value 6.00\" (4 + 32/16) and exits 0 (exit %d)", rc);
+    int passed = log && strstr(log, "PASS --check");
+    if (gpu)
+        expect(passed, "exercise 3, command line: --kv-dtype int4 --check: the GPU's logits match the CPU's at every "
+               "step%s", passed ? "" : log && strstr(log, "FAIL") ? " (a step differs)" : " (no PASS line)");
+    else
+        skip("exercise 3, command line: --check needs GPU kernels (a CUDA device, or the C build's emulation)");
+    free(log);
+    kvt_engine_free(e);
+    kvt_model_free(&m);
+}
 static void exercise_check(void) {
+    for (int gpu = 0; gpu < 1 + kvt_gpu_available(); gpu++) ex3_bytes(gpu);
+    ex3_flag();
     acase cases[] = {{4, 2, 16, 3, 64, 29, 5, KVT_INT4, 8}, {4, 2, 32, 16, 64, 47, 2, KVT_INT4, 32}};
     for (int i = 0; i < 2; i++) {
         acase *c = &cases[i];
@@ -4665,7 +4761,6 @@ static void exercise_check(void) {
     test_attention(1); /* and the naive attention that now uses it */
 }
 #elif KVT_EXERCISE == 5 /* top-k sampling */
-#include <fcntl.h> /* open: /dev/null for the generated ids run_single prints */
 /* Top-k, then top-p, on 6 tokens of known probabilities: draws from the
  * sampler's own code, counted per token, against shares worked out by hand. */
 static void ex5_topk_topp(int k, float topp, const int *allowed, const double *share, int n_allowed) {
