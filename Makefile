@@ -14,7 +14,7 @@
 #   make debug      -O0 -g build (-G for device code) for gdb / cuda-gdb
 #   make walkthrough  run docs/GDB.md's gdb sessions in batch mode and the --trace captures of README.md and docs/USAGE.md (checks them)
 #   make fuzz       libFuzzer on the checkpoint loader, tokenizer loader, prompt encoder, command line
-#   make exercise N=k   check exercise k (README, Exercises); make exercises-selftest
+#   make exercise N=k   check exercise k (README, Exercises); make exercises-selftest; make exercises-together
 #   make bughunt N=k    bug hunt k (README, Bug hunts): a seeded bug's failed checks, then gdb; ANSWER=function checks your answer
 #   make nvcc-check compile the CUDA build for sm_80 and sm_90 (no GPU needed)
 #   make gpu-check  on a GPU machine: nvcc build, tests, sanitizers and GPU figures in one call
@@ -107,7 +107,7 @@ SUITES = test test-gpu-sizes test-asan test-valgrind nvcc-test gpu-check-dry wal
   exercises-selftest fuzz bughunt
 $(SUITES): export OMP_WAIT_POLICY ?= passive
 
-.PHONY: ppl all run smollm2 test lint test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-serve bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest refresh-patches bughunt nvcc-check gpu-check clean deps
+.PHONY: ppl all run smollm2 test lint test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-serve bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest exercises-together refresh-patches bughunt nvcc-check gpu-check clean deps
 
 all: deps kvt
 
@@ -138,7 +138,9 @@ SRCS = kvtransformer.cu kvtransformer.h bench/bench.c $(wildcard cli/*.c) $(wild
 kvt: $(SRCS) Makefile
 	$(COMPILE) kvtransformer.cu -o $@ $(LIBS) $(LINKX)
 
-test_kvt: test.c $(SRCS) Makefile
+TESTS = test.c $(wildcard tests/*.c)
+
+test_kvt: $(TESTS) $(SRCS) Makefile
 	$(COMPILE) test.c -o $@ $(LIBS) $(LINKX)
 
 run: all
@@ -346,6 +348,11 @@ exercise: deps
 # (exercises/selftest.sh says which; BASE=<commit> names it).
 exercises-selftest:
 	BASE='$(BASE)' bash exercises/selftest.sh
+
+# Every reference solution applied together (they compose), then make test on
+# that tree (exercises/together.sh).
+exercises-together:
+	bash exercises/together.sh
 
 # After a change to the files the patches touch: carry every exercise and bug
 # patch from OLD (a commit where they all applied) onto the working tree.
