@@ -26,7 +26,8 @@
  * end of §4 and the pool's printer and checks at the end of §15 are the
  * harness around the lesson: files in cli/ and bench/, included in their
  * place, so it is still one compile. So are
- * the CPU's tuned loops, in cpu/matmul.c (§9) and cpu/attention.c (§10's
+ * the CPU's tuned loops, in cpu/matmul.c (§9, with prefill's sgemm split
+ * over the cores) and cpu/attention.c (§10's
  * vector loops and §12's tiled fused attention), and the GPU's tuned
  * kernels, in gpu/matmul.cu (§9) and gpu/attention.cu (§12): the specs and
  * plain kernels they are checked against stay here, and --plain runs those.)
@@ -1115,37 +1116,8 @@ static void matmul_spec_cpu(float *out, const float *x, const float *w, int n, i
             out[(size_t)r * d + i] = s;
         }
 }
-#include "cpu/matmul.c"
+#include "cpu/matmul.c" /* also prefill's sgemm split over the cores, matmul_sgemm_cpu */
 
-/* Prefill: OpenBLAS's sgemm, which blocks for every cache level and beats the
- * tile loop once there are enough rows to reuse each weight many times. Each
- * core calls a single-threaded sgemm on its own columns of out: one thread
- * pool (OpenMP's) serves the whole program, instead of OpenBLAS's threads and
- * ours spinning against each other on the same cores. With equal parts one
- * core may wait for the other at the end, but sharing chunks of columns as
- * matmul_rows_cpu does would cost more: one narrow sgemm call runs at about
- * half the speed of a wide one. */
-#define KVT_SGEMM_ROWS 32 /* from this many rows on, sgemm (where `--bench matmul` sees it overtake) */
-static void matmul_sgemm_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
-#pragma omp parallel
-    {
-        int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        int d0 = (int)((long)d * id / nt), d1 = (int)((long)d * (id + 1) / nt);
-        if (d1 > d0)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, d1 - d0, k, 1.0f, x, k, w + (size_t)d0 * k, k,
-                        0.0f, out + d0, d);
-    }
-}
-/* OpenBLAS picks its kernels for the CPU when it loads. One older than the
- * CPU (Debian 12's 0.3.21 on a 2023 Xeon) does not know it and falls back to
- * its generic "Prescott" kernels (SSE3, no FMA), which the tile loop beats at
- * every size. Setting OPENBLAS_CORETYPE before the program starts names the
- * right ones; the Makefile does so when it sees this. */
-static int kvt_blas_generic(void) {
-    static int generic = -1;
-    if (generic < 0) generic = !strcmp(openblas_get_corename(), "Prescott");
-    return generic;
-}
 /* The CPU's matmul: our own loops for decode and small batches (each weight
  * row read from memory once for all rows of x), OpenBLAS sgemm from
  * KVT_SGEMM_ROWS rows on, where its blocking for the caches wins

@@ -7,7 +7,9 @@
  * width, registers, prefetch hints: choices that depend on the CPU), while
  * the op itself, its cost and its GPU kernels are in §9;
  * make test checks them against a float64 matmul. The vector type kvt_vec
- * defined here is used by the attention loops too (cpu/attention.c). */
+ * defined here is used by the attention loops too (cpu/attention.c). At the
+ * end, prefill's OpenBLAS call, split over the cores (matmul_sgemm_cpu), and
+ * the check for an OpenBLAS too old for the CPU (kvt_blas_generic). */
 
 /* KVT_VEC floats as one C value: one register, 16 with AVX-512, else 8 (one
  * AVX2 register, two NEON ones). GCC and Clang compile `acc += a * b` on this
@@ -245,4 +247,34 @@ static void matmul_rows_cpu(float *out, const float *x, const float *w, int n, i
             }
         }
     }
+}
+
+/* Prefill: OpenBLAS's sgemm, which blocks for every cache level and beats the
+ * tile loop once there are enough rows to reuse each weight many times. Each
+ * core calls a single-threaded sgemm on its own columns of out: one thread
+ * pool (OpenMP's) serves the whole program, instead of OpenBLAS's threads and
+ * ours spinning against each other on the same cores. With equal parts one
+ * core may wait for the other at the end, but sharing chunks of columns as
+ * matmul_rows_cpu does would cost more: one narrow sgemm call runs at about
+ * half the speed of a wide one. */
+#define KVT_SGEMM_ROWS 32 /* from this many rows on, sgemm (where `--bench matmul` sees it overtake) */
+static void matmul_sgemm_cpu(float *out, const float *x, const float *w, int n, int k, int d) {
+#pragma omp parallel
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int d0 = (int)((long)d * id / nt), d1 = (int)((long)d * (id + 1) / nt);
+        if (d1 > d0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, d1 - d0, k, 1.0f, x, k, w + (size_t)d0 * k, k,
+                        0.0f, out + d0, d);
+    }
+}
+/* OpenBLAS picks its kernels for the CPU when it loads. One older than the
+ * CPU (Debian 12's 0.3.21 on a 2023 Xeon) does not know it and falls back to
+ * its generic "Prescott" kernels (SSE3, no FMA), which the tile loop beats at
+ * every size. Setting OPENBLAS_CORETYPE before the program starts names the
+ * right ones; the Makefile does so when it sees this. */
+static int kvt_blas_generic(void) {
+    static int generic = -1;
+    if (generic < 0) generic = !strcmp(openblas_get_corename(), "Prescott");
+    return generic;
 }
