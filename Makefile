@@ -329,7 +329,7 @@ fuzz: deps test_kvt
 	  [ $$rc = 0 ] || { echo "[fuzz] $$name: crash saved under $$d/crashes"; exit 1; }; \
 	done; echo "[fuzz] corpus and logs in $$d"
 
-# Exercises: test.c holds each exercise's check, built with -DKVT_EXERCISE=N.
+# Exercises: tests/exercises.c holds each exercise's check, built with -DKVT_EXERCISE=N.
 # Before the exercise is done the check does not compile; of the compiler's and
 # linker's complaints, each missing thing is shown once (the first line that
 # names it: "no member named 'topk'", "undefined reference to `..._kernel'"),
