@@ -107,7 +107,7 @@ SUITES = test test-gpu-sizes test-asan test-valgrind nvcc-test gpu-check-dry wal
   exercises-selftest fuzz bughunt
 $(SUITES): export OMP_WAIT_POLICY ?= passive
 
-.PHONY: ppl all run smollm2 test lint test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-serve bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest exercises-together refresh-patches bughunt nvcc-check gpu-check clean deps
+.PHONY: ppl all run smollm2 test lint test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-serve bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest exercises-together lab lab-check lab-save lab-reset lab-diff labs-selftest refresh-patches bughunt nvcc-check gpu-check clean deps
 
 all: deps kvt
 
@@ -348,6 +348,21 @@ exercise: deps
 # (exercises/selftest.sh says which; BASE=<commit> names it).
 exercises-selftest:
 	BASE='$(BASE)' bash exercises/selftest.sh
+
+# The labs (docs/LABS.md): rebuild the cache one function at a time.
+LAB_ENV = COMPILE='$(COMPILE)' LIBS='$(LIBS)' LINKX='$(LINKX)'
+lab: deps
+	@$(LAB_ENV) bash exercises/labs/lab.sh start '$(N)'
+lab-check: deps
+	@$(LAB_ENV) bash exercises/labs/lab.sh check '$(N)'
+lab-save:
+	@bash exercises/labs/lab.sh save '$(N)'
+lab-reset:
+	@bash exercises/labs/lab.sh reset '$(N)'
+lab-diff:
+	@bash exercises/labs/lab.sh diff '$(N)'
+labs-selftest: deps
+	@$(LAB_ENV) bash exercises/labs/lab.sh selftest
 
 # Every reference solution applied together (they compose), then make test on
 # that tree (exercises/together.sh).

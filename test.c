@@ -269,6 +269,7 @@ static int rows_close(const float *got, const float *want, int rows, int V, doub
 #include "tests/serve.c"
 #include "tests/models.c"
 #include "tests/exercises.c"
+#include "tests/labs.c"
 #include "tests/chat.c"
 #include "tests/fuzz.c"
 
@@ -280,7 +281,11 @@ static int run_this(const char *call) {
     const char *only = getenv("KVT_TEST_ONLY");
     return !only || !*only || strstr(call, only) != NULL;
 }
-#define RUN(call) do { if (run_this(#call)) call; } while (0)
+/* KVT_TEST_TIMES=1: each check's seconds on stderr, to find the slow ones. */
+static void run_timed(const char *call, double t0) {
+    if (getenv("KVT_TEST_TIMES")) fprintf(stderr, "[time] %7.2f s  %s\n", kvt_now() - t0, call);
+}
+#define RUN(call) do { if (run_this(#call)) { double t0_ = kvt_now(); call; run_timed(#call, t0_); } } while (0)
 
 int main(int argc, char **argv) {
     if (argc > 2 && !strcmp(argv[1], "--write-fuzz-seeds")) { write_fuzz_seeds(argv[2]); return 0; }
@@ -293,6 +298,14 @@ int main(int argc, char **argv) {
     if (argc > 1) kvt_bin = argv[1];
     setvbuf(stdout, NULL, _IONBF, 0);
     if (!make_test_dir()) return 1;
+#ifdef KVT_LAB
+    lab_ref_bin = argc > 2 ? argv[2] : "./kvt";
+    printf("lab %d check; GPU kernels run on: %s\n", KVT_LAB, kvt_gpu_available() ? kvt_gpu_name() : "nothing");
+    lab_check();
+    remove_test_dir();
+    printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    return n_fail || !n_pass ? 1 : 0;
+#endif
 #ifdef KVT_EXERCISE
     printf("exercise %d check; GPU kernels run on: %s\n", KVT_EXERCISE, kvt_gpu_available() ? kvt_gpu_name() : "nothing");
     exercise_check();
