@@ -132,6 +132,9 @@ cmd_selftest() {
   refs=$(mktemp -d)
   export LAB_BASE LAB_REF_DIR=$refs
   LAB_BASE=$(git rev-parse HEAD)
+  mkdir -p "$refs/$LAB_BASE/src" && git archive HEAD | tar -x -C "$refs/$LAB_BASE/src" &&
+    (cd "$refs/$LAB_BASE/src" && $COMPILE kvtransformer.cu -o ../kvt $LIBS $LINKX) > /dev/null 2>&1 ||
+    die "the reference kvt (HEAD) does not build"
   for n in $(awk '!/^#/ && NF == 3 { print $1 }' "$LABS" | sort -un); do
     total=$((total + 1))
     tmp=$(mktemp -d)
