@@ -62,9 +62,10 @@ cmd_start() {
 # Build lab N's checks and a reference kvt from the base commit, run them.
 cmd_check() {
   valid "$1"
-  local base d ref
+  local base ref
   base=$(base_of "$1")
-  d=$(mktemp -d) && trap 'rm -rf "$d"' EXIT
+  CHECK_DIR=$(mktemp -d) && trap 'rm -rf "$CHECK_DIR"' EXIT
+  local d=$CHECK_DIR
   ref=${LAB_REF_DIR:-.lab-ref}/$base
   if [ ! -x "$ref/kvt" ]; then
     mkdir -p "$ref/src" && git archive "$base" | tar -x -C "$ref/src" || die "cannot unpack commit $base"
