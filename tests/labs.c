@@ -246,7 +246,7 @@ static void lab2_write(void) {
                 }
         for (size_t i = 0; i < nvals; i++) stray += !hit[i] && all[i] != 0.0f;
         expect(bad == 0 && stray == 0, "lab 2 (%s cache): kv_write_cpu stores 3 rows of two sequences (positions 5, "
-               "6, 17) where kv_index says, %d values written elsewhere", dt ? "int8, G = 4" : "fp32", stray);
+               "6, 17) where kv_index says, %d values written elsewhere", dt ? "int8" : "fp32", stray);
         free(hit); free(all); free(k); free(v);
         pool_free(&p);
     }
