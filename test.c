@@ -205,7 +205,7 @@ static int cli_run(const char *args, char *out, size_t cap) { return cli_run_to(
  * shell with this process's environment, so a setenv before the call reaches
  * kvt. */
 static void cli_expect(const char *args, int want_ok, const char *want_text) {
-    char out[4096], want[1024];
+    char out[16384], want[1024]; /* --help alone is over 7 KB */
     int rc = cli_run(args, out, sizeof(out));
     with_test_dir(want, sizeof(want), want_text);
     int ok = rc != -1 && (rc == 0) == want_ok && contains(out, want);

@@ -160,7 +160,6 @@ cmd_selftest() {
         if [ $? -eq 0 ]; then verdict="FAIL lab $n: the check accepts the wrong body ${w##*/}"; break; fi
         echo "$log" | grep -q "^[1-9][0-9]* passed\|^0 passed" || { verdict="FAIL lab $n: ${w##*/} does not build: $(echo "$log" | tail -2)"; break; }
         echo "  lab $n rejects ${w##*/}: $(echo "$log" | grep -m1 '^FAIL' | cut -c1-150)"
-        wrong=$((${wrong:-0} + 1))
       done
     fi
     if [ -z "$verdict" ]; then
