@@ -854,6 +854,8 @@ static void pool_free(kvt_pool *p) {
     free(p->swap_hash);
     memset(p, 0, sizeof(*p));
 }
+/* Take a free chunk for one holder: the top of the free list (a stack), its
+ * refcount 1; peak_used keeps the most chunks in use at once (--stats). */
 static int pool_take(kvt_pool *p) { /* caller checked n_free > 0 */
     KVT_ASSERT(p->n_free > 0);
     int id = p->free_list[--p->n_free];
@@ -865,7 +867,7 @@ static int pool_take(kvt_pool *p) { /* caller checked n_free > 0 */
 }
 /* One holder fewer. A chunk returns to the free list only when its last
  * holder lets go: a forked sequence's shared prefix stays while any fork
- * still uses it. */
+ * still uses it. A freed chunk's prefix hash is forgotten with it. */
 static void pool_release(kvt_pool *p, int id) {
     KVT_ASSERT(id >= 0 && id < p->n_chunks && p->refcount[id] > 0);
     if (--p->refcount[id] == 0) {
@@ -2055,8 +2057,10 @@ void kvt_seq_free(kvt_engine *e, kvt_seq *s) {
 }
 
 /* A new sequence that shares all of src's chunks (same prompt, another
- * continuation). Nothing is copied now: full chunks stay shared for good, and
- * the partly filled last chunk is copied by the first write (seq_reserve). */
+ * continuation): one holder more for each, counted in shared_hits (--stats).
+ * Nothing is copied now: full chunks stay shared for good, and the partly
+ * filled last chunk is copied by the first write (seq_reserve). A swapped-out
+ * src cannot be forked: some of its chunks are in host memory. */
 kvt_status kvt_seq_fork(kvt_engine *e, kvt_seq *dst, const kvt_seq *src) {
     if (src->n_swapped)
         return kvt_fail(KVT_EARG, "fork: sequence %d is swapped out (swap it in first)", src->id);
@@ -2325,7 +2329,8 @@ kvt_status kvt_forward_batch(kvt_engine *e, kvt_seq *const *seqs, int n_seqs, co
 /* One generation step, the way the options say. With the cache, the
  * sequence already holds history[0 .. len) and only the new tokens run (one,
  * after the prompt). Without it, the sequence is emptied and all of history
- * runs again: the same logits, at a cost that grows with the length. */
+ * runs again: the same logits, at a cost that grows with the length. A
+ * history no longer than what is cached is an error (KVT_EARG). */
 kvt_status kvt_step(kvt_engine *e, kvt_seq *s, const int *history, int n_hist, float *logits) {
     if (!e->o.kv_cache) kvt_seq_reset(e, s); /* no cache: forget everything, recompute */
     if (s->len >= n_hist)

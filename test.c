@@ -276,7 +276,11 @@ static int rows_close(const float *got, const float *want, int rows, int V, doub
 #ifndef KVT_FUZZ
 /* KVT_TEST_ONLY=cli ./test_kvt ./kvt: run only the checks whose call contains
  * the text ("cli" runs test_cli, test_cli_trace, ...), for a quick loop while
- * working on one part; make test always runs them all. */
+ * working on one part; make test always runs them all.
+ * KVT_TEST_KERNELS=1: run only the checks that launch GPU kernels (RUN_GPU
+ * below), for make test-gpu-sizes: the other checks test host code, which is
+ * the same at every block size. */
+static int kernels_only(void) { return getenv("KVT_TEST_KERNELS") != NULL; }
 static int run_this(const char *call) {
     const char *only = getenv("KVT_TEST_ONLY");
     return !only || !*only || strstr(call, only) != NULL;
@@ -285,7 +289,8 @@ static int run_this(const char *call) {
 static void run_timed(const char *call, double t0) {
     if (getenv("KVT_TEST_TIMES")) fprintf(stderr, "[time] %7.2f s  %s\n", kvt_now() - t0, call);
 }
-#define RUN(call) do { if (run_this(#call)) { double t0_ = kvt_now(); call; run_timed(#call, t0_); } } while (0)
+#define RUN_GPU(call) do { if (run_this(#call)) { double t0_ = kvt_now(); call; run_timed(#call, t0_); } } while (0)
+#define RUN(call) do { if (!kernels_only()) RUN_GPU(call); } while (0)
 
 int main(int argc, char **argv) {
     if (argc > 2 && !strcmp(argv[1], "--write-fuzz-seeds")) { write_fuzz_seeds(argv[2]); return 0; }
@@ -314,6 +319,7 @@ int main(int argc, char **argv) {
     return n_fail || !n_pass ? 1 : 0;
 #endif
     int gpu = kvt_gpu_available();
+    if (kernels_only()) skip("host-only checks: KVT_TEST_KERNELS runs the checks that launch kernels");
     printf("kvtransformer tests; GPU kernels run on: %s\n", gpu ? kvt_gpu_name() : "nothing (no CUDA device)");
     RUN(test_rmsnorm(0));
     RUN(test_matmul(0));
@@ -325,12 +331,12 @@ int main(int argc, char **argv) {
     RUN(test_int8_group());
     RUN(test_attention(0));
     RUN(test_attention_ragged(0));
-    RUN(test_attention_spec());
+    RUN_GPU(test_attention_spec());
     RUN(test_threads());
-    RUN(test_gpu_split_rule());
+    RUN_GPU(test_gpu_split_rule());
     RUN(test_cache_on_off());
     RUN(test_prefill());
-    RUN(test_plain());
+    RUN_GPU(test_plain());
     RUN(test_no_alloc());
     RUN(test_quantized_e2e());
     RUN(test_fork_cow(0));
@@ -349,7 +355,7 @@ int main(int argc, char **argv) {
     RUN(test_smollm2_fixture());
     RUN(test_sampler());
     RUN(test_default_model());
-    RUN(test_serve());
+    RUN_GPU(test_serve());
     RUN(test_swap_roundtrip());
     RUN(test_prefix_confirm());
     RUN(test_hardening());
@@ -365,7 +371,7 @@ int main(int argc, char **argv) {
     RUN(test_chat_templates());
     RUN(test_chat_limits());
     RUN(test_llama2c_commands());
-    RUN(test_dump_attn());
+    RUN_GPU(test_dump_attn());
     RUN(test_rope_base());
     RUN(test_smollm2_logits());
     RUN(test_hf_export());
@@ -377,22 +383,22 @@ int main(int argc, char **argv) {
     RUN(test_bench_run());
     RUN(test_bench_serve());
     if (gpu) {
-        RUN(test_gpu_alloc_error());
-        RUN(test_rmsnorm(1));
-        RUN(test_matmul(1));
-        RUN(test_rope(1, 10000.0));
-        RUN(test_rope(1, 500000.0));
-        RUN(test_swiglu_residual_embed(1));
-        RUN(test_block_reduce());
-        RUN(test_attention(1));
-        RUN(test_launch_count());
-        RUN(test_attention_ragged(1));
-        RUN(test_kv_write_bytes());
-        RUN(test_gpu_matrix());
-        RUN(test_fork_cow(1));
-        RUN(test_batch(1));
-        RUN(test_prefix_reuse(1));
-        RUN(test_trace_scenario(1));
+        RUN_GPU(test_gpu_alloc_error());
+        RUN_GPU(test_rmsnorm(1));
+        RUN_GPU(test_matmul(1));
+        RUN_GPU(test_rope(1, 10000.0));
+        RUN_GPU(test_rope(1, 500000.0));
+        RUN_GPU(test_swiglu_residual_embed(1));
+        RUN_GPU(test_block_reduce());
+        RUN_GPU(test_attention(1));
+        RUN_GPU(test_launch_count());
+        RUN_GPU(test_attention_ragged(1));
+        RUN_GPU(test_kv_write_bytes());
+        RUN_GPU(test_gpu_matrix());
+        RUN_GPU(test_fork_cow(1));
+        RUN_GPU(test_batch(1));
+        RUN_GPU(test_prefix_reuse(1));
+        RUN_GPU(test_trace_scenario(1));
     } else {
         skip("GPU kernel checks: an nvcc build without a CUDA device (the C build emulates them)");
     }

@@ -66,7 +66,7 @@ static void lab_both(const char *what, void (*fn)(void)) {
 /* The end-to-end check: greedy generation on the default model, 120 tokens
  * after "ROMEO:", the student's engine (this binary, --plain) against the
  * reference kvt (--dump-tokens: the ids it fed and chose), for the flags given
- * (--attn naive and --chunk 4 are the ones understood here). */
+ * (--attn naive, --chunk 4 and --kv-cache off are the ones understood here). */
 static void lab_end_to_end(const char *flags) {
     char cmd[1200];
     const char *ids_path = tmp_file("lab_ref_ids.txt");
@@ -84,6 +84,7 @@ static void lab_end_to_end(const char *flags) {
     o.plain = 1;
     if (strstr(flags, "--attn naive")) o.attn = KVT_ATTN_NAIVE;
     if (strstr(flags, "--chunk 4")) o.CH = 4;
+    if (strstr(flags, "--kv-cache off")) o.kv_cache = 0;
     int np = nref - 120; /* the prompt as kvt encoded it */
     float *lg = (float *)kvt_malloc((size_t)120 * m.c.vocab_size * sizeof(float));
     kvt_status st = generate(&m, &o, ref, np, 120, mine, lg);
@@ -256,6 +257,346 @@ static void lab_check(void) {
     lab_child("lab 2: kv_index", lab2_index);
     lab_child("lab 2: kv_write_cpu", lab2_write);
     lab_child("lab 2, end to end", lab2_e2e);
+}
+#elif KVT_LAB == 3 /* a pool of chunks: pool_take, pool_release, seq_chunks_needed, kvt_step */
+static void lab3_take_release(void) {
+    kvt_pool p;
+    KVT_ASSERT(pool_init(&p, 0, 1, 1, 8, 4, 5, KVT_FP32, 8) == KVT_OK);
+    int got[5], ok = 1;
+    for (int i = 0; i < 5; i++) {
+        got[i] = pool_take(&p);
+        ok &= got[i] == i && p.refcount[i] == 1;
+    }
+    if (!expect(ok && p.n_free == 0 && p.peak_used == 5, "lab 3: pool_take on a fresh pool of 5 chunks hands out chunks "
+                "0, 1, 2, 3, 4 (the top of the free list first), each with refcount 1, leaving n_free 0 and peak_used 5; "
+                "yours gave %d %d %d %d %d, n_free %d, peak_used %d", got[0], got[1], got[2], got[3], got[4], p.n_free,
+                p.peak_used)) { pool_free(&p); return; }
+    p.refcount[2] = 2; /* a second holder, as after a fork */
+    p.prefix_hash[2] = 77;
+    pool_release(&p, 2);
+    expect(p.refcount[2] == 1 && p.n_free == 0 && p.prefix_hash[2] == 77, "lab 3: pool_release of chunk 2, held "
+           "twice: one holder fewer (refcount 1), and the chunk stays in use (n_free stays 0, its prefix hash stays); "
+           "yours left refcount %d, n_free %d, prefix_hash %llu", p.refcount[2], p.n_free,
+           (unsigned long long)p.prefix_hash[2]);
+    pool_release(&p, 2);
+    pool_release(&p, 4);
+    int ok2 = p.refcount[2] == 0 && p.n_free == 2 && p.prefix_hash[2] == 0;
+    expect(ok2, "lab 3: the last holder of chunk 2 lets go, then chunk 4's: both are free (n_free 2, refcount 0) and "
+           "chunk 2's prefix hash is forgotten (0: its contents will be overwritten); yours left n_free %d, refcount %d, "
+           "prefix_hash %llu", p.n_free, p.refcount[2], (unsigned long long)p.prefix_hash[2]);
+    if (ok2) {
+        int a = pool_take(&p), b = pool_take(&p);
+        expect(a == 4 && b == 2 && p.peak_used == 5, "lab 3: after releasing 2 then 4, pool_take gives 4, then 2 (the "
+               "free list is a stack: the last chunk given back is the first taken) and peak_used stays 5; yours gave %d, "
+               "%d, peak_used %d", a, b, p.peak_used);
+    }
+    pool_free(&p);
+}
+static void lab3_needed(void) {
+    kvt_pool p;
+    KVT_ASSERT(pool_init(&p, 0, 1, 1, 8, 4, 8, KVT_FP32, 8) == KVT_OK);
+    int table[8] = {3, 5, 0, 0, 0, 0, 0, 0};
+    p.refcount[3] = p.refcount[5] = 1;
+    kvt_seq s;
+    memset(&s, 0, sizeof(s));
+    s.table = table;
+    struct { int len, n_table, shared, new_len, want; const char *why; } c[] = {
+        {0, 0, 0, 1, 1, "an empty sequence needs one chunk for its first position"},
+        {0, 0, 0, 4, 1, "positions 0..3 fit one chunk of CH 4"},
+        {0, 0, 0, 5, 2, "positions 0..4 need two chunks"},
+        {6, 2, 0, 8, 0, "6 cached in 2 chunks: positions 6 and 7 fit the second chunk"},
+        {6, 2, 0, 9, 1, "6 cached in 2 chunks: position 8 needs a third"},
+        {6, 2, 1, 7, 1, "the partly filled second chunk is shared (refcount 2): writing position 6 needs a private copy"},
+        {6, 2, 1, 9, 2, "a copy of the shared second chunk, and a third chunk"},
+        {8, 2, 1, 9, 1, "the shared second chunk is full: position 8 goes to a new chunk, nothing is copied"},
+        {6, 2, 1, 6, 0, "nothing new to write: no chunk, no copy"}};
+    int bad = 0;
+    for (int i = 0; i < 9; i++) {
+        s.len = c[i].len;
+        s.n_table = c[i].n_table;
+        p.refcount[5] = 1 + c[i].shared;
+        int got = seq_chunks_needed(&p, &s, c[i].new_len);
+        if (got != c[i].want && bad++ < 4)
+            printf("FAIL lab 3: seq_chunks_needed, CH 4, len %d in %d chunk(s), new_len %d: %s, so %d; yours said %d\n",
+                   c[i].len, c[i].n_table, c[i].new_len, c[i].why, c[i].want, got);
+    }
+    tally(bad == 0);
+    if (!bad) printf("PASS lab 3: seq_chunks_needed counts chunks for 9 cases (empty, chunk boundaries, copy on write)\n");
+    pool_free(&p);
+}
+/* kvt_step against kvt_forward on a fresh sequence: with the cache only the new
+ * tokens run, without it the whole history runs again; the logits are the same. */
+static void lab3_step(void) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(64, 2, 4, 2, 128, 61, 64), 5) == KVT_OK);
+    int hist[12], V = m.c.vocab_size;
+    for (int i = 0; i < 12; i++) hist[i] = (i * 17 + 3) % V;
+    float *lg = (float *)kvt_malloc((size_t)V * 4), *ref = (float *)kvt_malloc((size_t)V * 4);
+    for (int cache = 1; cache >= 0; cache--) {
+        kvt_options o;
+        kvt_options_default(&o);
+        o.device = KVT_CPU;
+        o.plain = 1;
+        o.CH = 4;
+        o.kv_cache = cache;
+        kvt_engine *e, *er;
+        KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+        o.kv_cache = 1;
+        KVT_ASSERT(kvt_engine_create(&er, &m, &o) == KVT_OK);
+        kvt_seq s;
+        kvt_seq_init(e, &s);
+        int bad = 0;
+        double worst = 0;
+        for (int n = 6; n <= 12 && !bad; n++) {
+            kvt_status st = kvt_step(e, &s, hist, n, lg);
+            kvt_seq r;
+            kvt_seq_init(er, &r);
+            KVT_ASSERT(kvt_forward(er, &r, hist, n, ref, 0) == KVT_OK);
+            kvt_seq_free(er, &r);
+            double w;
+            int same = rows_close(lg, ref, 1, V, TOL_E2E, &w);
+            worst = fmax(worst, w);
+            if (st != KVT_OK || s.len != n || !same) {
+                bad = 1;
+                printf("FAIL lab 3, kvt_step (cache %s): the step with %d tokens of history should return KVT_OK, leave "
+                       "the sequence holding %d positions and give the logits of all %d tokens; yours returned %d (%s), "
+                       "len %d, logits off by %.3g of their largest\n", cache ? "on" : "off", n, n, n, (int)st,
+                       st != KVT_OK ? kvt_last_error() : "ok", s.len, n, w);
+            }
+        }
+        long rows = e->n_prefill + e->n_decode, want = cache ? 12 : 6 + 7 + 8 + 9 + 10 + 11 + 12;
+        if (!bad)
+            expect(rows == want, "lab 3, kvt_step (cache %s): a prompt of 6 tokens, then 6 steps of one: %s, %ld rows "
+                   "in all; yours ran %ld", cache ? "on" : "off", cache ? "with the cache only the new tokens run" :
+                   "without it each step empties the sequence (kvt_seq_reset) and runs all of history again", want, rows);
+        if (cache && !bad) {
+            kvt_status st = kvt_step(e, &s, hist, 12, lg);
+            expect(st == KVT_EARG && s.len == 12, "lab 3, kvt_step: a step whose history is no longer than what is "
+                   "cached (12 of 12) is an error, KVT_EARG, and changes nothing; yours returned %d, len %d", (int)st, s.len);
+        }
+        tally(!bad);
+        if (!bad) printf("PASS lab 3, kvt_step (cache %s): 7 steps give the logits of a fresh forward (worst %.2g)\n",
+                         cache ? "on" : "off", worst);
+        kvt_seq_free(e, &s);
+        kvt_engine_free(e);
+        kvt_engine_free(er);
+    }
+    free(lg);
+    free(ref);
+    kvt_model_free(&m);
+}
+static void lab3_e2e(void) { lab_end_to_end("--chunk 4"); }
+static void lab3_e2e_nocache(void) { lab_end_to_end("--chunk 4 --kv-cache off"); }
+static void lab_check(void) {
+    lab_child("lab 3: pool_take, pool_release", lab3_take_release);
+    lab_child("lab 3: seq_chunks_needed", lab3_needed);
+    lab_child("lab 3: kvt_step", lab3_step);
+    lab_child("lab 3, end to end", lab3_e2e);
+    lab_child("lab 3, end to end without the cache", lab3_e2e_nocache);
+}
+#elif KVT_LAB == 4 /* sharing: seq_needs_cow, pool_copy_chunk, seq_reserve, kvt_seq_fork */
+static void lab4_needs_cow(void) {
+    kvt_pool p;
+    KVT_ASSERT(pool_init(&p, 0, 1, 1, 8, 4, 4, KVT_FP32, 8) == KVT_OK);
+    int table[4] = {2, 1, 0, 0};
+    kvt_seq s;
+    memset(&s, 0, sizeof(s));
+    s.table = table;
+    p.refcount[2] = 1;
+    struct { int len, n_table, shared, new_len, want; const char *why; } c[] = {
+        {6, 2, 1, 7, 1, "position 6 goes into the partly filled second chunk, which another sequence also holds"},
+        {6, 2, 0, 7, 0, "the partly filled second chunk is this sequence's alone: write in place"},
+        {8, 2, 1, 9, 0, "the shared second chunk is full: position 8 starts a new chunk"},
+        {6, 2, 1, 6, 0, "nothing new is written"},
+        {0, 0, 0, 1, 0, "an empty sequence has no chunk to share"}};
+    int bad = 0;
+    for (int i = 0; i < 5; i++) {
+        s.len = c[i].len;
+        s.n_table = c[i].n_table;
+        p.refcount[1] = 1 + c[i].shared;
+        int got = seq_needs_cow(&p, &s, c[i].new_len);
+        if (!!got != c[i].want && bad++ < 4)
+            printf("FAIL lab 4: seq_needs_cow, CH 4, len %d in chunks {2, 1}, chunk 1 held by %d, new_len %d: %s, so "
+                   "%d; yours said %d\n", c[i].len, 1 + c[i].shared, c[i].new_len, c[i].why, c[i].want, got);
+    }
+    tally(bad == 0);
+    if (!bad) printf("PASS lab 4: seq_needs_cow decides 5 cases (shared or not, partly filled or full, empty)\n");
+    pool_free(&p);
+}
+/* Fill every chunk of an int8 pool with its own pattern (data and scales);
+ * d and sc get a host copy. */
+static void lab4_fill(kvt_pool *p, int8_t *d, float *sc) {
+    size_t ce = p->chunk_elems, cs = p->chunk_scales;
+    for (int c = 0; c < p->n_chunks; c++) {
+        for (size_t i = 0; i < ce; i++) d[c * ce + i] = (int8_t)((c * 31 + (int)(i * 7)) % 250 - 125);
+        for (size_t i = 0; i < cs; i++) sc[c * cs + i] = (float)c + 0.001f * (float)i;
+    }
+    buf_upload(p->on_device, p->data, d, ce * (size_t)p->n_chunks);
+    buf_upload(p->on_device, p->scales, sc, cs * (size_t)p->n_chunks * sizeof(float));
+}
+/* 1 when chunk c of p holds what chunk `want` held when lab4_fill ran (d, sc);
+ * *data_same: its values alone. */
+static int lab4_chunk_is(const kvt_pool *p, int c, const int8_t *d, const float *sc, int want, int *data_same) {
+    size_t ce = p->chunk_elems, cs = p->chunk_scales;
+    int8_t *g = (int8_t *)kvt_malloc(ce);
+    float *gs = (float *)kvt_malloc(cs * 4);
+    buf_download(p->on_device, g, (int8_t *)p->data + (size_t)c * ce, ce);
+    buf_download(p->on_device, gs, p->scales + (size_t)c * cs, cs * 4);
+    int dsame = !memcmp(g, d + (size_t)want * ce, ce), same = dsame && !memcmp(gs, sc + (size_t)want * cs, cs * 4);
+    if (data_same) *data_same = dsame;
+    free(g);
+    free(gs);
+    return same;
+}
+static void lab4_copy(void) {
+    kvt_pool p;
+    KVT_ASSERT(pool_init(&p, lab_gpu, 2, 2, 8, 4, 5, KVT_INT8, 4) == KVT_OK);
+    size_t ce = p.chunk_elems, cs = p.chunk_scales, n = (size_t)p.n_chunks;
+    int8_t *d = (int8_t *)kvt_malloc(ce * n);
+    float *sc = (float *)kvt_malloc(cs * n * 4);
+    lab4_fill(&p, d, sc);
+    pool_copy_chunk(&p, 1, 3);
+    int data_ok, whole = lab4_chunk_is(&p, 1, d, sc, 3, &data_ok), others = 1;
+    for (int c = 0; c < 5; c++) if (c != 1) others &= lab4_chunk_is(&p, c, d, sc, c, NULL);
+    expect(whole && others, "lab 4, %s: pool_copy_chunk(p, 1, 3) on an int8 pool makes chunk 1 a copy of chunk 3: its "
+           "%zu int8 values %s, its %zu scales %s; the other chunks %s", lab_gpu ? "GPU pool" : "CPU pool", ce,
+           data_ok ? "equal" : "DIFFER", cs, whole ? "equal" : data_ok ? "DIFFER (the scales are part of the chunk)" :
+           "(not compared)", others ? "unchanged" : "CHANGED");
+    free(d); free(sc);
+    pool_free(&p);
+}
+/* seq_reserve on a pool of 6 chunks of CH 4 (int8, so a copy must take the
+ * scales too): a new sequence, a request that does not fit, a copy on write
+ * of a shared last chunk, and a copy on write that does not fit. */
+static void lab4_reserve(void) {
+    kvt_pool p;
+    KVT_ASSERT(pool_init(&p, 0, 1, 1, 8, 4, 6, KVT_INT8, 8) == KVT_OK);
+    int8_t *d = (int8_t *)kvt_malloc(p.chunk_elems * 6);
+    float *sc = (float *)kvt_malloc(p.chunk_scales * 6 * 4);
+    lab4_fill(&p, d, sc);
+    int ta[8] = {0}, tb[8] = {0}, before[8], ok;
+    char ha[8] = {0}, hb[8] = {0};
+    kvt_seq a, b;
+    memset(&a, 0, sizeof(a));
+    memset(&b, 0, sizeof(b));
+    a.table = ta; a.how = ha; a.max_table = 8;
+    b.table = tb; b.how = hb; b.max_table = 8; b.id = 1;
+    kvt_status st = seq_reserve(&p, &a, 9, "lab 4's sequence");
+    ok = st == KVT_OK && a.n_table == 3 && p.n_free == 3 && a.len == 0;
+    for (int i = 0; i < 3 && ok; i++) ok &= ta[i] >= 0 && ta[i] < 6 && p.refcount[ta[i]] == 1 && ta[i] != ta[(i + 1) % 3];
+    if (!expect(ok, "lab 4: seq_reserve(p, s, 9) on an empty sequence, CH 4, a pool of 6: three chunks taken with "
+                "pool_take (n_table 3, refcount 1 each, n_free 3), len unchanged (kvt_forward sets it); yours returned "
+                "%d, n_table %d, n_free %d, len %d", (int)st, a.n_table, p.n_free, a.len)) goto done;
+    memcpy(before, ta, sizeof(before));
+    st = seq_reserve(&p, &a, 40, "lab 4's sequence");
+    ok = st == KVT_EPOOL && a.n_table == 3 && p.n_free == 3 && !memcmp(before, ta, sizeof(before));
+    if (!expect(ok, "lab 4: seq_reserve to 40 positions needs 7 more chunks and 3 are free: KVT_EPOOL (%d), and nothing "
+                "changes, so an exhausted pool loses nothing; yours returned %d, n_table %d, n_free %d", (int)KVT_EPOOL,
+                (int)st, a.n_table, p.n_free)) goto done;
+    /* b shares a's three chunks, as a fork of a would; 9 positions, the third chunk holds one */
+    a.len = b.len = 9;
+    b.n_table = 3;
+    for (int i = 0; i < 3; i++) { tb[i] = ta[i]; p.refcount[ta[i]]++; }
+    st = seq_reserve(&p, &b, 10, "lab 4's fork");
+    int data_same = 0, copied = st == KVT_OK && tb[2] != ta[2] && tb[2] >= 0 && tb[2] < 6 &&
+                                lab4_chunk_is(&p, tb[2], d, sc, ta[2], &data_same);
+    ok = copied && tb[0] == ta[0] && tb[1] == ta[1] && p.refcount[ta[0]] == 2 && p.refcount[ta[2]] == 1 &&
+         p.refcount[tb[2]] == 1 && p.n_free == 2 && b.n_table == 3 && hb[2] == 'c' && p.cow_copies == 1;
+    if (!expect(ok, "lab 4: the fork b writes position 9 into the third chunk, which it shares with a: b gets a fresh "
+                "chunk holding a copy of it (%s), a keeps its own (refcount 1 each), the two full chunks stay shared "
+                "(refcount 2), n_free 2, b.how[2] = 'c' and cow_copies 1 (for kvt_pool_print and --stats); yours returned "
+                "%d, b's table {%d %d %d} against a's {%d %d %d}, n_free %d, how '%c', cow_copies %ld",
+                copied ? "equal, scales too" : data_same ? "the scales DIFFER" : "NOT a copy", (int)st, tb[0], tb[1],
+                tb[2], ta[0], ta[1], ta[2], p.n_free, hb[2] ? hb[2] : '0', p.cow_copies)) goto done;
+    /* one chunk free, b's last chunk shared again: growing b to 13 needs a copy and a new chunk */
+    (void)pool_take(&p);
+    p.refcount[tb[2]]++;
+    b.len = 10;
+    memcpy(before, tb, sizeof(before));
+    int rc_before[6];
+    memcpy(rc_before, p.refcount, sizeof(rc_before));
+    st = seq_reserve(&p, &b, 13, "lab 4's fork");
+    expect(st == KVT_EPOOL && !memcmp(before, tb, sizeof(before)) && !memcmp(rc_before, p.refcount, sizeof(rc_before)) &&
+           p.n_free == 1 && b.n_table == 3 && p.cow_copies == 1, "lab 4: growing b to 13 positions needs a copy of its "
+           "shared third chunk and a fourth chunk, 2 with 1 free: KVT_EPOOL and nothing changes, not even the copy; yours "
+           "returned %d, n_free %d, n_table %d, cow_copies %ld", (int)st, p.n_free, b.n_table, p.cow_copies);
+done:
+    free(d); free(sc);
+    pool_free(&p);
+}
+/* kvt_seq_fork in an engine: the fork shares every chunk; then the fork and
+ * the original each take a different next token, and each must give the
+ * logits of a sequence that never shared anything (computed in a second
+ * engine). A fork that writes into the original's chunk changes its logits. */
+static void lab4_fork(void) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(64, 2, 4, 2, 128, 61, 64), 6) == KVT_OK);
+    int V = m.c.vocab_size, hist[12];
+    for (int i = 0; i < 10; i++) hist[i] = (i * 13 + 5) % V;
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = lab_gpu ? KVT_GPU : KVT_CPU;
+    o.plain = 1;
+    o.CH = 4;
+    o.max_seqs = 3;
+    o.swap_chunks = 4;
+    kvt_engine *e, *er;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    KVT_ASSERT(kvt_engine_create(&er, &m, &o) == KVT_OK);
+    float *la = (float *)kvt_malloc((size_t)V * 4), *lb = (float *)kvt_malloc((size_t)V * 4);
+    float *ra = (float *)kvt_malloc((size_t)V * 4), *rb = (float *)kvt_malloc((size_t)V * 4);
+    kvt_seq a, b, c, r;
+    memset(&b, 0, sizeof(b));
+    memset(&c, 0, sizeof(c));
+    kvt_seq_init(e, &a);
+    KVT_ASSERT(kvt_forward(e, &a, hist, 10, la, 0) == KVT_OK);
+    kvt_pool *p = &e->pool;
+    kvt_status st = kvt_seq_fork(e, &b, &a);
+    int ok = st == KVT_OK && b.n_table == 3 && b.len == 10 && b.table && b.tokens &&
+             !memcmp(b.tokens, a.tokens, 10 * sizeof(int)) && p->shared_hits == 3;
+    for (int i = 0; i < 3 && ok; i++) ok &= b.table[i] == a.table[i] && p->refcount[a.table[i]] == 2;
+    if (!expect(ok, "lab 4, %s: kvt_seq_fork of a sequence of 10 positions (CH 4, 3 chunks): the fork is a new sequence "
+                "(kvt_seq_init) with the same 3 chunks, each now held twice, the same len and tokens, and shared_hits 3 "
+                "(--stats); yours returned %d, n_table %d, len %d, shared_hits %ld", lab_gpu ? "GPU" : "CPU", (int)st,
+                b.n_table, b.len, p->shared_hits)) goto done;
+    int x = 7, y = 9;
+    KVT_ASSERT(kvt_forward(e, &b, &x, 1, lb, 0) == KVT_OK);
+    KVT_ASSERT(kvt_forward(e, &a, &y, 1, la, 0) == KVT_OK);
+    for (int k = 0; k < 2; k++) { /* the same histories in the second engine, nothing shared */
+        hist[10] = k ? y : x;
+        kvt_seq_init(er, &r);
+        KVT_ASSERT(kvt_forward(er, &r, hist, 11, k ? ra : rb, 0) == KVT_OK);
+        kvt_seq_free(er, &r);
+    }
+    double wa, wb;
+    int oka = rows_close(la, ra, 1, V, TOL_E2E, &wa), okb = rows_close(lb, rb, 1, V, TOL_E2E, &wb);
+    expect(oka && okb && a.table[2] != b.table[2] && a.table[1] == b.table[1], "lab 4, %s: after the fork, b takes "
+           "token %d and a token %d at position 10: each gives the logits of its own history computed without sharing "
+           "(a off by %.2g, b by %.2g of the largest%s), the third chunk is now private to each, the first two shared",
+           lab_gpu ? "GPU" : "CPU", x, y, wa, wb, oka ? "" : "; a changed: did b write into a's chunk?");
+    KVT_ASSERT(kvt_seq_swap_out(e, &a) == KVT_OK);
+    int rc0 = p->refcount[a.table[0]];
+    st = kvt_seq_fork(e, &c, &a);
+    expect(st != KVT_OK && p->refcount[a.table[0]] == rc0, "lab 4, %s: a swapped-out sequence cannot be forked (its "
+           "chunks are in host memory): an error, refcounts unchanged; yours returned %d", lab_gpu ? "GPU" : "CPU",
+           (int)st);
+    if (st == KVT_OK) kvt_seq_free(e, &c);
+    KVT_ASSERT(kvt_seq_swap_in(e, &a) == KVT_OK);
+done:
+    kvt_seq_free(e, &b);
+    kvt_seq_free(e, &a);
+    free(la); free(lb); free(ra); free(rb);
+    kvt_engine_free(e);
+    kvt_engine_free(er);
+    kvt_model_free(&m);
+}
+static void lab4_e2e(void) { lab_end_to_end("--chunk 4"); }
+static void lab_check(void) {
+    lab_child("lab 4: seq_needs_cow", lab4_needs_cow);
+    lab_both("pool_copy_chunk", lab4_copy);
+    lab_child("lab 4: seq_reserve", lab4_reserve);
+    lab_both("kvt_seq_fork", lab4_fork);
+    lab_child("lab 4, end to end", lab4_e2e);
 }
 #endif
 #endif
