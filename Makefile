@@ -363,7 +363,7 @@ lab-reset:
 lab-diff:
 	@bash exercises/labs/lab.sh diff '$(N)'
 labs-selftest: deps
-	@$(LAB_ENV) bash exercises/labs/lab.sh selftest
+	@$(LAB_ENV) bash exercises/labs/lab.sh selftest $(N)
 
 # Every reference solution applied together (they compose), then make test on
 # that tree (exercises/together.sh).

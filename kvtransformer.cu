@@ -923,6 +923,9 @@ static kvt_status seq_reserve(kvt_pool *p, kvt_seq *s, int new_len, const char *
  * a live sequence points its table at those chunks instead of recomputing them.
  * FNV-1a over the token ids; a lookup scans the pool (small and plain). */
 int kvt_prefix_hash_bits = 64; /* the tests' hook (kvtransformer.h): fewer bits, more collisions */
+/* The name of tokens[0 .. n): FNV-1a from h = 1469598103934665603, for each
+ * id h ^= (uint32_t)id then h *= 1099511628211; kept to its low
+ * kvt_prefix_hash_bits bits, and never 0 (which means "no hash": 0 -> 1). */
 static uint64_t prefix_hash_of(const int *tokens, int n) {
     uint64_t h = 1469598103934665603ULL;
     for (int i = 0; i < n; i++) { h ^= (uint32_t)tokens[i]; h *= 1099511628211ULL; }
@@ -965,7 +968,9 @@ static int prefix_attach(kvt_pool *p, const kvt_seq *live, kvt_seq *s, const int
     memcpy(s->tokens, tokens, (size_t)s->len * sizeof(int));
     return s->len;
 }
-/* Name the chunks of s that became full since it had old_len positions. */
+/* Name the chunks of s that became full since it had old_len positions
+ * (prefix_hash of the chunk: the hash of all tokens up to its end); a chunk
+ * that has a name already keeps it. */
 static void prefix_register(kvt_pool *p, const kvt_seq *s, int old_len) {
     for (int i = old_len / p->CH; (i + 1) * p->CH <= s->len; i++)
         if (p->prefix_hash[s->table[i]] == 0) p->prefix_hash[s->table[i]] = prefix_hash_of(s->tokens, (i + 1) * p->CH);
@@ -2057,10 +2062,11 @@ void kvt_seq_free(kvt_engine *e, kvt_seq *s) {
 }
 
 /* A new sequence that shares all of src's chunks (same prompt, another
- * continuation): one holder more for each, counted in shared_hits (--stats).
- * Nothing is copied now: full chunks stay shared for good, and the partly
- * filled last chunk is copied by the first write (seq_reserve). A swapped-out
- * src cannot be forked: some of its chunks are in host memory. */
+ * continuation): one holder more for each chunk, and shared_hits counts the
+ * chunks shared (--stats). Nothing is copied now: full chunks stay shared for
+ * good, and the partly filled last chunk is copied by the first write
+ * (seq_reserve). A swapped-out src cannot be forked (some of its chunks are in
+ * host memory): an error, and dst is left as it was. */
 kvt_status kvt_seq_fork(kvt_engine *e, kvt_seq *dst, const kvt_seq *src) {
     if (src->n_swapped)
         return kvt_fail(KVT_EARG, "fork: sequence %d is swapped out (swap it in first)", src->id);

@@ -52,7 +52,8 @@ static void lab_child(const char *what, void (*fn)(void)) {
                "     gdb --args ./test_kvt-debug, with a breakpoint in your function\n", what, WTERMSIG(status),
                strsignal(WTERMSIG(status)));
     else
-        printf("FAIL %s: exited with status %d before it finished\n", what, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        printf("FAIL %s: exited with status %d before it finished (an assertion? the line above this one is the\n"
+               "     last check it finished)\n", what, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 /* lab_child for the CPU, then for the GPU's kernels where they run. */
 static void lab_both(const char *what, void (*fn)(void)) {
@@ -66,7 +67,7 @@ static void lab_both(const char *what, void (*fn)(void)) {
 /* The end-to-end check: greedy generation on the default model, 120 tokens
  * after "ROMEO:", the student's engine (this binary, --plain) against the
  * reference kvt (--dump-tokens: the ids it fed and chose), for the flags given
- * (--attn naive, --chunk 4 and --kv-cache off are the ones understood here). */
+ * (--attn naive, --chunk 4, --kv-cache off and --kv-dtype are the ones understood here). */
 static void lab_end_to_end(const char *flags) {
     char cmd[1200];
     const char *ids_path = tmp_file("lab_ref_ids.txt");
@@ -85,6 +86,8 @@ static void lab_end_to_end(const char *flags) {
     if (strstr(flags, "--attn naive")) o.attn = KVT_ATTN_NAIVE;
     if (strstr(flags, "--chunk 4")) o.CH = 4;
     if (strstr(flags, "--kv-cache off")) o.kv_cache = 0;
+    if (strstr(flags, "--kv-dtype int8")) o.kv_dtype = KVT_INT8;
+    if (strstr(flags, "--kv-dtype fp16")) o.kv_dtype = KVT_FP16;
     int np = nref - 120; /* the prompt as kvt encoded it */
     float *lg = (float *)kvt_malloc((size_t)120 * m.c.vocab_size * sizeof(float));
     kvt_status st = generate(&m, &o, ref, np, 120, mine, lg);
@@ -488,9 +491,9 @@ static void lab4_reserve(void) {
                 "pool_take (n_table 3, refcount 1 each, n_free 3), len unchanged (kvt_forward sets it); yours returned "
                 "%d, n_table %d, n_free %d, len %d", (int)st, a.n_table, p.n_free, a.len)) goto done;
     memcpy(before, ta, sizeof(before));
-    st = seq_reserve(&p, &a, 40, "lab 4's sequence");
+    st = seq_reserve(&p, &a, 30, "lab 4's sequence");
     ok = st == KVT_EPOOL && a.n_table == 3 && p.n_free == 3 && !memcmp(before, ta, sizeof(before));
-    if (!expect(ok, "lab 4: seq_reserve to 40 positions needs 7 more chunks and 3 are free: KVT_EPOOL (%d), and nothing "
+    if (!expect(ok, "lab 4: seq_reserve to 30 positions needs 5 more chunks and 3 are free: KVT_EPOOL (%d), and nothing "
                 "changes, so an exhausted pool loses nothing; yours returned %d, n_table %d, n_free %d", (int)KVT_EPOOL,
                 (int)st, a.n_table, p.n_free)) goto done;
     /* b shares a's three chunks, as a fork of a would; 9 positions, the third chunk holds one */
@@ -597,6 +600,406 @@ static void lab_check(void) {
     lab_child("lab 4: seq_reserve", lab4_reserve);
     lab_both("kvt_seq_fork", lab4_fork);
     lab_child("lab 4, end to end", lab4_e2e);
+}
+#elif KVT_LAB == 5 /* the cache in fewer bits: quantize_group, kv_store, kv_load_at, kv_dot, kv_axpy */
+/* The int8 rule by hand, in float64: scale = max|x| / 127, q = round(x / scale). */
+static double lab5_q(double x, double scale) { return scale > 0 ? fmin(127, fmax(-127, round(x / scale))) : 0; }
+static void lab5_quantize(void) {
+    const float x[8] = {1.0f, -2.0f, 12.7f, 0.0f, -12.7f, 6.3f, 3.1f, -0.04f};
+    const int want[8] = {10, -20, 127, 0, -127, 63, 31, 0};
+    int8_t q[32];
+    float s = quantize_group(x, q, 8);
+    int same = 1;
+    for (int i = 0; i < 8; i++) same &= q[i] == want[i];
+    expect(same && fabsf(s - 12.7f / 127.0f) <= 1e-7f, "lab 5: quantize_group of {1, -2, 12.7, 0, -12.7, 6.3, 3.1, "
+           "-0.04}: max |x| is 12.7, so scale 0.1 and q = {10 -20 127 0 -127 63 31 0}; yours: scale %.7g, q = {%d %d %d %d "
+           "%d %d %d %d}", s, q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]);
+    const float z[8] = {0};
+    memset(q, 5, sizeof(q));
+    s = quantize_group(z, q, 8);
+    same = 1;
+    for (int i = 0; i < 8; i++) same &= q[i] == 0;
+    expect(s == 0.0f && same, "lab 5: quantize_group of 8 zeros: scale 0 and every q 0 (no division by zero); yours: scale "
+           "%g, q[0] %d", s, q[0]);
+    int bad = 0;
+    double worst = 0;
+    for (int gi = 0; gi < 64; gi++) { /* groups of 32 at scales from 1e-3 to 1e3 */
+        float *v = frand(32, (float)pow(10.0, (gi % 7) - 3), 500 + (uint64_t)gi);
+        double amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmax(amax, fabs(v[i]));
+        s = quantize_group(v, q, 32);
+        int top = 0, ok = fabs(s - amax / 127) <= 1e-6 * amax / 127;
+        for (int i = 0; i < 32 && ok; i++) {
+            double err = fabs(v[i] - (double)s * q[i]);
+            worst = fmax(worst, err / s);
+            ok &= q[i] >= -127 && q[i] <= 127 && err <= s * (0.5 + 1e-5);
+            top |= q[i] == 127 || q[i] == -127;
+        }
+        if ((!ok || !top) && bad++ < 3)
+            printf("FAIL lab 5: quantize_group, random group %d of 32 (max |x| %.4g): scale = max|x| / 127 = %.6g, each "
+                   "|x - scale * q| <= scale / 2, the largest |x| gets q = +-127; yours: scale %.6g%s\n", gi, amax,
+                   amax / 127, s, top ? "" : ", no q reached +-127");
+        free(v);
+    }
+    expect(!bad, "lab 5: quantize_group on 64 random groups of 32 (values from 1e-3 to 1e3): every value within scale / 2 "
+           "(worst %.3g scale)", worst);
+}
+/* A pool of one layer, one kv head of 16 channels, CH 2, 2 chunks, in dtype dt
+ * (int8 groups of 8): the kv_view the checks store into and read back. */
+static void lab5_pool(kvt_pool *p, kvt_dtype dt, int gpu) {
+    KVT_ASSERT(pool_init(p, gpu, 1, 1, 16, 2, 2, dt, 8) == KVT_OK);
+    size_t bytes = kvt_dtype_size(dt, p->chunk_elems * 2);
+    char *z = (char *)calloc(bytes, 1);
+    buf_upload(gpu, p->data, z, bytes);
+    free(z);
+}
+/* What element i of a cache of type dt stores for the value x, and decodes to,
+ * by hand: fp32 as is, fp16 through f32_to_f16 (given), int8 from the group
+ * g (values x0[0..8)) that x belongs to. */
+static double lab5_decoded(kvt_dtype dt, float x, const float *g) {
+    if (dt == KVT_FP32) return x;
+    if (dt == KVT_FP16) return f16_to_f32(f32_to_f16(x));
+    double amax = 0;
+    for (int i = 0; i < 8; i++) amax = fmax(amax, fabs(g[i]));
+    float scale = (float)amax / 127.0f;
+    return (double)scale * lab5_q(x, scale);
+}
+static void lab5_store_load(void) {
+    for (int d = 0; d < 3; d++) {
+        kvt_dtype dt = d == 0 ? KVT_FP32 : d == 1 ? KVT_FP16 : KVT_INT8;
+        kvt_pool p;
+        lab5_pool(&p, dt, 0);
+        kvt_kv kv = kv_view(&p, NULL, NULL, NULL, NULL);
+        float *x = frand(16, 2.0f, 61 + (uint64_t)d);
+        size_t at = 48; /* chunk 0, slot 1: the fourth row of 16 */
+        if (dt == KVT_INT8) { kv_store(&kv, at, x, 8); kv_store(&kv, at + 8, x + 8, 8); }
+        else kv_store(&kv, at, x, 16);
+        int bad_store = 0, bad_load = 0, stray = 0;
+        for (int c = 0; c < 16; c++) {
+            const float *g = x + (c / 8) * 8;
+            double want = lab5_decoded(dt, x[c], g);
+            size_t i = at + (size_t)c;
+            double stored = dt == KVT_FP32 ? ((float *)p.data)[i] : dt == KVT_FP16 ? f16_to_f32(((uint16_t *)p.data)[i])
+                            : ((int8_t *)p.data)[i] * (double)p.scales[i / 8];
+            bad_store += fabs(stored - want) > 1e-6 * fmax(1.0, fabs(want));
+            bad_load += fabs(kv_load_at(&kv, i, i / 8) - want) > 1e-6 * fmax(1.0, fabs(want));
+        }
+        for (size_t i = 0; i < p.chunk_elems * 2; i++) {
+            if (i >= at && i < at + 16) continue;
+            stray += dt == KVT_FP32 ? ((float *)p.data)[i] != 0 : dt == KVT_FP16 ? ((uint16_t *)p.data)[i] != 0
+                     : ((int8_t *)p.data)[i] != 0;
+        }
+        expect(!bad_store && !stray, "lab 5 (%s cache): kv_store of 16 values at element 48 stores %s; %d of 16 differ, "
+               "%d values written elsewhere", kvt_dtype_name(dt), dt == KVT_FP32 ? "them as they are" : dt == KVT_FP16 ?
+               "f32_to_f16 of each" : "two groups of 8, each as q and one scale at scales[i / G] (quantize_group)",
+               bad_store, stray);
+        expect(!bad_load, "lab 5 (%s cache): kv_load_at(kv, i, i / G) decodes the 16 stored values to %s; %d of 16 differ",
+               kvt_dtype_name(dt), dt == KVT_FP32 ? "themselves" : dt == KVT_FP16 ? "f16_to_f32 of the bits" :
+               "q * scales[si]", bad_load);
+        free(x);
+        pool_free(&p);
+    }
+}
+/* kv_dot and kv_axpy over rows of 16 (int8 groups of 8) against float64 sums
+ * of the values decoded by hand. */
+static void lab5_dot_axpy(void) {
+    for (int d = 0; d < 3; d++) {
+        kvt_dtype dt = d == 0 ? KVT_FP32 : d == 1 ? KVT_FP16 : KVT_INT8;
+        kvt_pool p;
+        lab5_pool(&p, dt, 0);
+        kvt_kv kv = kv_view(&p, NULL, NULL, NULL, NULL);
+        float *x = frand(64, 1.0f, 71 + (uint64_t)d), *q = frand(16, 1.0f, 81), *acc = frand(16, 1.0f, 82);
+        for (int g = 0; g < 64; g += 8) kv_store(&kv, (size_t)g, x + g, 8);
+        double worst_dot = 0, worst_axpy = 0;
+        for (int r = 0; r < 4; r++) {
+            double want = 0, mag = 0;
+            for (int c = 0; c < 16; c++) {
+                double v = lab5_decoded(dt, x[r * 16 + c], x + r * 16 + (c / 8) * 8);
+                want += q[c] * v;
+                mag += fabs(q[c] * v);
+            }
+            worst_dot = fmax(worst_dot, fabs(kv_dot(&kv, (size_t)r * 16, q, 16) - want) / mag);
+            float a[16];
+            memcpy(a, acc, sizeof(a));
+            kv_axpy(&kv, (size_t)r * 16, 0.75f, a, 16);
+            for (int c = 0; c < 16; c++) {
+                double v = lab5_decoded(dt, x[r * 16 + c], x + r * 16 + (c / 8) * 8), w = acc[c] + 0.75 * v;
+                worst_axpy = fmax(worst_axpy, fabs(a[c] - w) / fmax(1.0, fabs(w)));
+            }
+        }
+        expect(worst_dot <= TOL_OP, "lab 5 (%s cache): kv_dot of q with 4 stored rows of 16 = the sum of q[c] times each "
+               "decoded value (worst error %.3g of the sum of |terms|, TOL_OP %g)", kvt_dtype_name(dt), worst_dot, TOL_OP);
+        expect(worst_axpy <= TOL_OP, "lab 5 (%s cache): kv_axpy(kv, i, 0.75, acc, 16) adds 0.75 times each decoded value "
+               "of the row at i to acc (worst error %.3g, TOL_OP %g)", kvt_dtype_name(dt), worst_axpy, TOL_OP);
+        free(x); free(q); free(acc);
+        pool_free(&p);
+    }
+}
+/* The GPU's kv_write_kernel stores through kv_store too: three rows written on
+ * the device under test, read back and decoded by hand. */
+static void lab5_write(void) {
+    for (int d = 1; d < 3; d++) {
+        kvt_dtype dt = d == 1 ? KVT_FP16 : KVT_INT8;
+        kvt_pool p;
+        KVT_ASSERT(pool_init(&p, lab_gpu, 1, 2, 16, 4, 2, dt, 8) == KVT_OK);
+        int tables[2] = {1, 0}, row_tab[3] = {0, 0, 0}, row_pos[3] = {0, 1, 5}, row_len[3] = {6, 6, 6};
+        int *dt_tables = (int *)dev_copy(lab_gpu, tables, sizeof(tables)), *d_tab = (int *)dev_copy(lab_gpu, row_tab, 12);
+        int *d_pos = (int *)dev_copy(lab_gpu, row_pos, 12), *d_len = (int *)dev_copy(lab_gpu, row_len, 12);
+        kvt_kv kv = kv_view(&p, dt_tables, d_tab, d_pos, d_len);
+        float *k = frand(3 * 32, 1.0f, 91), *v = frand(3 * 32, 3.0f, 92);
+        float *dk = (float *)dev_copy(lab_gpu, k, 3 * 32 * 4), *dv = (float *)dev_copy(lab_gpu, v, 3 * 32 * 4);
+        if (lab_gpu) kv_write_gpu(kv, dk, dv, 0, 3);
+        else kv_write_cpu(kv, dk, dv, 0, 3);
+        size_t n = p.chunk_elems * 2;
+        char *data = (char *)kvt_malloc(kvt_dtype_size(dt, n));
+        float *sc = (float *)kvt_malloc((p.chunk_scales ? p.chunk_scales : 1) * 2 * 4);
+        buf_download(lab_gpu, data, p.data, kvt_dtype_size(dt, n));
+        if (p.scales) buf_download(lab_gpu, sc, p.scales, p.chunk_scales * 2 * 4);
+        kvt_kv host = kv;
+        host.data = data;
+        host.scales = sc;
+        host.tables = tables;
+        int bad = 0;
+        for (int r = 0; r < 3; r++)
+            for (int w = 0; w < 2; w++)
+                for (int c = 0; c < 32; c++) {
+                    const float *src = (w ? v : k) + r * 32;
+                    size_t i = kv_index(&host, 0, w, 0, row_pos[r], c / 16) + (size_t)(c % 16);
+                    double got = dt == KVT_FP16 ? f16_to_f32(((uint16_t *)data)[i]) : ((int8_t *)data)[i] * (double)sc[i / 8];
+                    bad += fabs(got - lab5_decoded(dt, src[c], src + (c / 8) * 8)) > 1e-6 * fmax(1.0, fabs(src[c]));
+                }
+        expect(!bad, "lab 5, %s, %s cache: kv_write_%s stores 3 rows (positions 0, 1, 5; 2 kv heads of 16) through "
+               "kv_store; read back by hand, %d of %d values differ", lab_gpu ? "GPU" : "CPU", kvt_dtype_name(dt),
+               lab_gpu ? "gpu (one int8 group or one value per thread)" : "cpu", bad, 3 * 2 * 32);
+        buf_free(lab_gpu, dt_tables); buf_free(lab_gpu, d_tab); buf_free(lab_gpu, d_pos); buf_free(lab_gpu, d_len);
+        buf_free(lab_gpu, dk); buf_free(lab_gpu, dv);
+        free(k); free(v); free(data); free(sc);
+        pool_free(&p);
+    }
+}
+static void lab5_e2e_int8(void) { lab_end_to_end("--kv-dtype int8"); }
+static void lab5_e2e_fp16(void) { lab_end_to_end("--kv-dtype fp16 --attn naive"); }
+static void lab_check(void) {
+    lab_child("lab 5: quantize_group", lab5_quantize);
+    lab_child("lab 5: kv_store, kv_load_at", lab5_store_load);
+    lab_child("lab 5: kv_dot, kv_axpy", lab5_dot_axpy);
+    lab_both("kv_store in kv_write", lab5_write);
+    lab_child("lab 5, end to end (int8)", lab5_e2e_int8);
+    lab_child("lab 5, end to end (fp16)", lab5_e2e_fp16);
+}
+#elif KVT_LAB == 6 /* fused attention: attention_merge_cpu, attention_fused_spec_cpu, attn_fused_plain_kernel, attn_merge_kernel */
+/* Three pieces of one (row, head), HS 2, worked out by hand: (m, l, acc) =
+ * (1, 2, {2, 4}), (3, 1, {5, 1}) and an empty piece (l = 0). The global max
+ * M = 3: weights e^(1-3) and 1, l = 2e^-2 + 1, out = (e^-2 {2, 4} + {5, 1}) / l. */
+static void lab6_merge(void) {
+    float part[3 * 4] = {1, 2, 2, 4, 3, 1, 5, 1, -INFINITY, 0, 0, 0}, out[2] = {0, 0};
+    double w = exp(-2.0), l = 2 * w + 1, want[2] = {(2 * w + 5) / l, (4 * w + 1) / l};
+    if (lab_gpu) {
+        float *dp = (float *)dev_copy(1, part, sizeof(part)), *dout;
+        KVT_ASSERT(buf_alloc(1, (void **)&dout, sizeof(out), "lab 6") == KVT_OK);
+        KVT_LAUNCH(attn_merge_kernel, 1, 1, KVT_THREADS, dout, dp, 1, 2, 3);
+        buf_download(1, out, dout, sizeof(out));
+        buf_free(1, dp);
+        buf_free(1, dout);
+    } else {
+        attention_merge_cpu(out, part, 1, 1, 2, 3);
+    }
+    double err = fmax(fabs(out[0] - want[0]), fabs(out[1] - want[1]));
+    expect(err < 1e-6, "lab 6, %s: three pieces (m, l, acc) = (1, 2, {2, 4}), (3, 1, {5, 1}) and an empty one (l = 0): "
+           "M = 3, l = 2e^-2 + 1, out = {%.6f, %.6f}; yours {%.6f, %.6f}%s", lab_gpu ? "attn_merge_kernel" :
+           "attention_merge_cpu", want[0], want[1], out[0], out[1], out[0] != out[0] ? " (NaN: the empty piece has m = "
+           "-inf and must be skipped)" : "");
+    float one[4] = {0.5f, 4, 2, -8};
+    if (!lab_gpu) {
+        attention_merge_cpu(out, one, 1, 1, 2, 1);
+        expect(out[0] == 0.5f && out[1] == -2.0f, "lab 6, attention_merge_cpu: one piece (m 0.5, l 4, acc {2, -8}) "
+               "gives acc / l = {0.5, -2}; yours {%g, %g}", out[0], out[1]);
+    }
+}
+/* The fused spec (CPU) or the plain kernel and its merge (GPU) against
+ * float64 attention, whole and split into pieces. */
+static void lab6_float64(void) {
+    acase cases[] = {{4, 2, 16, 3, 64, 40, 5, KVT_FP32, 16}, {4, 2, 32, 5, 64, 60, 3, KVT_INT8, 8},
+                     {2, 1, 64, 16, 256, 200, 2, KVT_FP16, 64}};
+    int splits[3] = {0, 7, 64};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+            acase *c = &cases[i];
+            size_t no = (size_t)c->n * c->NH * c->HS, nkv = (size_t)c->T * c->NKV * c->HS;
+            float *K = (float *)kvt_malloc(nkv * 4), *V = (float *)kvt_malloc(nkv * 4), *ref = (float *)kvt_malloc(no * 4);
+            float *out = (float *)kvt_malloc(no * 4);
+            attn_run(c, lab_gpu, 2, splits[j], out, K, V);
+            attn_ref(c, K, V, ref);
+            char what[240];
+            snprintf(what, sizeof(what), "lab 6, %s, against float64: %d query heads on %d kv heads, head size %d, %d "
+                     "cached positions in chunks of %d, the last %d rows, %s cache, %s", lab_gpu ?
+                     "attn_fused_plain_kernel + attn_merge_kernel" : "attention_fused_spec_cpu", c->NH, c->NKV, c->HS,
+                     c->T, c->CH, c->n, kvt_dtype_name(c->dt), splits[j] ? (j == 1 ? "pieces of 7 keys" :
+                     "pieces of 64 keys") : "one piece");
+            int ok = kvt_check(what, out, ref, (long)no, "row=64,head=64,ch=1024", TOL_ATTN, "TOL_ATTN");
+            tally(ok);
+            free(K); free(V); free(ref); free(out);
+        }
+}
+static void lab6_e2e(void) { lab_end_to_end("--chunk 4"); }
+static void lab_check(void) {
+    lab_both("the merge", lab6_merge);
+    lab_both("fused attention", lab6_float64);
+    lab_child("lab 6, end to end", lab6_e2e);
+}
+#elif KVT_LAB == 7 /* prefix reuse: prefix_hash_of, prefix_register, prefix_attach */
+/* FNV-1a as the comment above prefix_hash_of says, written again here. */
+static uint64_t lab7_fnv(const int *t, int n, int bits) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int i = 0; i < n; i++) { h ^= (uint32_t)t[i]; h *= 1099511628211ULL; }
+    if (bits < 64) h &= (1ULL << bits) - 1;
+    return h ? h : 1;
+}
+static void lab7_hash(void) {
+    int t[40], bad = 0;
+    for (int i = 0; i < 40; i++) t[i] = (i * 7919 + 11) % 32000;
+    t[3] = -5; /* an id is hashed as 32 bits */
+    const int widths[3] = {64, 8, 3};
+    for (int b = 0; b < 3 && bad < 3; b++) {
+        int bits = widths[b];
+        kvt_prefix_hash_bits = bits;
+        for (int n = 1; n <= 40 && bad < 3; n += 3) {
+            uint64_t want = lab7_fnv(t, n, bits), got = prefix_hash_of(t, n);
+            if (got != want && bad++ < 3)
+                printf("FAIL lab 7: prefix_hash_of(tokens, %d) with kvt_prefix_hash_bits %d should be %llu; yours %llu\n", n,
+                       bits, (unsigned long long)want, (unsigned long long)got);
+        }
+    }
+    int z[1] = {0}, found = -1; /* an id whose 3-bit hash is 0: it must come out as 1 */
+    kvt_prefix_hash_bits = 3;
+    for (int id = 0; id < 100 && found < 0; id++) {
+        z[0] = id;
+        uint64_t h = 1469598103934665603ULL;
+        h = (h ^ (uint32_t)id) * 1099511628211ULL;
+        if ((h & 7) == 0) found = id;
+    }
+    KVT_ASSERT(found >= 0);
+    z[0] = found;
+    uint64_t g = prefix_hash_of(z, 1);
+    if (g != 1 && bad++ < 4) printf("FAIL lab 7: the 3-bit hash of {%d} is 0, which means \"no hash\": it must be 1; yours %llu\n",
+                                    found, (unsigned long long)g);
+    kvt_prefix_hash_bits = 64;
+    tally(!bad);
+    if (!bad) printf("PASS lab 7: prefix_hash_of gives the FNV-1a of 14 prefixes at 64, 8 and 3 bits, and 1 for a hash of 0\n");
+}
+static void lab7_register(void) {
+    kvt_pool p;
+    KVT_ASSERT(pool_init(&p, 0, 1, 1, 8, 4, 6, KVT_FP32, 8) == KVT_OK);
+    int table[4] = {2, 0, 4, 5}, tokens[16];
+    for (int i = 0; i < 16; i++) tokens[i] = 100 + i * 3;
+    kvt_seq s;
+    memset(&s, 0, sizeof(s));
+    s.table = table;
+    s.tokens = tokens;
+    s.n_table = 3;
+    s.len = 10;
+    prefix_register(&p, &s, 0);
+    uint64_t h4 = lab7_fnv(tokens, 4, 64), h8 = lab7_fnv(tokens, 8, 64), h12 = lab7_fnv(tokens, 12, 64);
+    expect(p.prefix_hash[2] == h4 && p.prefix_hash[0] == h8 && p.prefix_hash[4] == 0, "lab 7: prefix_register of a "
+           "sequence of 10 positions in chunks {2, 0, 4} (CH 4), all new: chunk 2 is named by the hash of tokens[0..4), "
+           "chunk 0 by tokens[0..8), the partly filled chunk 4 stays 0; yours: %s, %s, %s",
+           p.prefix_hash[2] == h4 ? "right" : "chunk 2 WRONG", p.prefix_hash[0] == h8 ? "right" : "chunk 0 WRONG",
+           p.prefix_hash[4] == 0 ? "0" : "chunk 4 NAMED");
+    memset(p.prefix_hash, 0, 6 * sizeof(uint64_t));
+    s.len = 12;
+    prefix_register(&p, &s, 9);
+    expect(p.prefix_hash[4] == h12 && p.prefix_hash[2] == 0 && p.prefix_hash[0] == 0, "lab 7: the sequence grows from 9 "
+           "to 12 positions: only chunk 4 became full, named by the hash of tokens[0..12); the first two were full "
+           "before and are left alone; yours: chunk 4 %s, chunks 2 and 0 %s", p.prefix_hash[4] == h12 ? "right" : "WRONG",
+           p.prefix_hash[2] || p.prefix_hash[0] ? "CHANGED" : "unchanged");
+    p.prefix_hash[4] = 77;
+    s.len = 13;
+    s.n_table = 4;
+    prefix_register(&p, &s, 12);
+    expect(p.prefix_hash[4] == 77 && p.prefix_hash[5] == 0, "lab 7: growing from 12 to 13 positions fills no chunk: "
+           "nothing is named (chunk 4 keeps its name, chunk 5 is partly filled)");
+    pool_free(&p);
+}
+/* prefix_attach in an engine with prefix reuse (CH 4): a live sequence a of
+ * 13 tokens; b shares its first 10 tokens, c its first 12, d none but the
+ * hash is cut to 1 bit, so every chunk's hash collides. */
+static void lab7_attach(void) {
+    kvt_model m;
+    KVT_ASSERT(kvt_model_random(&m, cfg(64, 2, 4, 2, 128, 61, 64), 7) == KVT_OK);
+    int V = m.c.vocab_size, ta[13], tb[13], td[13];
+    for (int i = 0; i < 13; i++) { ta[i] = (i * 11 + 2) % V; tb[i] = i < 10 ? ta[i] : (ta[i] + 1) % V; td[i] = (ta[i] + 5) % V; }
+    kvt_options o;
+    kvt_options_default(&o);
+    o.device = KVT_CPU;
+    o.plain = 1;
+    o.CH = 4;
+    o.max_seqs = 4;
+    o.prefix_reuse = 1;
+    kvt_engine *e, *er;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    o.prefix_reuse = 0;
+    KVT_ASSERT(kvt_engine_create(&er, &m, &o) == KVT_OK);
+    float *lg = (float *)kvt_malloc((size_t)V * 4), *ref = (float *)kvt_malloc((size_t)V * 4);
+    kvt_seq a, b, c, r;
+    kvt_seq_init(e, &a);
+    kvt_seq_init(e, &b);
+    kvt_seq_init(e, &c);
+    kvt_pool *p = &e->pool;
+    KVT_ASSERT(kvt_forward(e, &a, ta, 13, lg, 0) == KVT_OK);
+    long hits = p->prefix_hits, misses = p->prefix_misses;
+    int got = prefix_attach(p, e->live, &b, tb, 13);
+    int ok = got == 8 && b.len == 8 && b.n_table == 2 && b.table[0] == a.table[0] && b.table[1] == a.table[1] &&
+             p->refcount[a.table[0]] == 2 && p->refcount[a.table[1]] == 2 && b.how[0] == '+' && b.how[1] == '+' &&
+             !memcmp(b.tokens, ta, 8 * sizeof(int)) && p->prefix_hits == hits + 2 && p->prefix_misses == misses + 2;
+    expect(ok, "lab 7: b's 13 tokens start with a's first 10, so a's first two chunks (positions 0..7) are b's: "
+           "prefix_attach returns 8, b holds a's chunks %d and %d (refcount 2, how '+'), its len is 8 and its tokens "
+           "a's, prefix_hits +2, prefix_misses +2 (chunks 2 and 3 are computed); yours returned %d, len %d, n_table %d, "
+           "hits +%ld, misses +%ld", a.table[0], a.table[1], got, b.len, b.n_table, p->prefix_hits - hits,
+           p->prefix_misses - misses);
+    if (ok) { /* b computes the rest: the logits of its 13 tokens, as if nothing had been shared */
+        KVT_ASSERT(kvt_forward(e, &b, tb + 8, 5, lg, 0) == KVT_OK);
+        kvt_seq_init(er, &r);
+        KVT_ASSERT(kvt_forward(er, &r, tb, 13, ref, 0) == KVT_OK);
+        kvt_seq_free(er, &r);
+        double w;
+        expect(rows_close(lg, ref, 1, V, TOL_E2E, &w), "lab 7: b, its first 8 positions attached, gives the logits of "
+               "its 13 tokens computed without sharing (off by %.2g of the largest)", w);
+    }
+    got = prefix_attach(p, e->live, &c, ta, 12);
+    expect(got == 8 && c.n_table == 2, "lab 7: c's 12 tokens are a's first 12, three full chunks, but the last token "
+           "is always computed (its logits are wanted): prefix_attach returns 8, not 12; yours %d (n_table %d)", got,
+           c.n_table);
+    kvt_seq_free(e, &c);
+    kvt_seq_free(e, &b);
+    kvt_seq_free(e, &a);
+    kvt_engine_free(e);
+    kvt_prefix_hash_bits = 1; /* every hash is 1: every lookup finds a chunk, none holds our tokens */
+    o.prefix_reuse = 1;
+    KVT_ASSERT(kvt_engine_create(&e, &m, &o) == KVT_OK);
+    p = &e->pool;
+    kvt_seq_init(e, &a);
+    kvt_seq_init(e, &b);
+    KVT_ASSERT(kvt_forward(e, &a, ta, 13, lg, 0) == KVT_OK);
+    long coll = p->prefix_collisions;
+    got = prefix_attach(p, e->live, &b, td, 13);
+    expect(got == 0 && b.n_table == 0 && p->prefix_collisions > coll, "lab 7: with the hash cut to 1 bit every chunk "
+           "of a has d's hash, but none holds d's tokens: prefix_attach attaches nothing (0) and counts the "
+           "collisions (prefix_confirmed says no); yours returned %d, collisions +%ld", got, p->prefix_collisions - coll);
+    kvt_prefix_hash_bits = 64;
+    kvt_seq_free(e, &b);
+    kvt_seq_free(e, &a);
+    kvt_engine_free(e);
+    kvt_engine_free(er);
+    free(lg);
+    free(ref);
+    kvt_model_free(&m);
+}
+static void lab7_e2e(void) { lab_end_to_end("--chunk 4"); }
+static void lab_check(void) {
+    lab_child("lab 7: prefix_hash_of", lab7_hash);
+    lab_child("lab 7: prefix_register", lab7_register);
+    lab_child("lab 7: prefix_attach", lab7_attach);
+    lab_child("lab 7, end to end", lab7_e2e);
 }
 #endif
 #endif

@@ -5,7 +5,7 @@
 #   lab.sh save N      keep your bodies as a patch in labs-saved/ (make lab-save N=k)
 #   lab.sh reset N     save, then put the reference bodies back (make lab-reset N=k)
 #   lab.sh diff N      your bodies against the reference ones (make lab-diff N=k)
-#   lab.sh selftest    each lab: stripped fails, reference passes, wrong ones fail (make labs-selftest)
+#   lab.sh selftest [N..]  each lab (or those named): stripped fails, reference passes, wrong ones fail (make labs-selftest)
 # The functions of each lab are listed in exercises/labs/labs.txt; a function
 # is found by exercises/labs/func.awk. The lab in progress and its base commit
 # (where the reference bodies come from) are kept in .lab (ignored by git).
@@ -136,7 +136,7 @@ cmd_selftest() {
   mkdir -p "$refs/$LAB_BASE/src" && git archive HEAD | tar -x -C "$refs/$LAB_BASE/src" &&
     (cd "$refs/$LAB_BASE/src" && $COMPILE kvtransformer.cu -o ../kvt $LIBS $LINKX) > /dev/null 2>&1 ||
     die "the reference kvt (HEAD) does not build"
-  for n in $(awk '!/^#/ && NF == 3 { print $1 }' "$LABS" | sort -un); do
+  for n in ${*:-$(awk '!/^#/ && NF == 3 { print $1 }' "$LABS" | sort -un)}; do
     total=$((total + 1))
     tmp=$(mktemp -d)
     git archive HEAD | tar -x -C "$tmp"
@@ -187,6 +187,6 @@ case "${1:-}" in
   save) cmd_save "${2:-}" ;;
   reset) cmd_reset "${2:-}" ;;
   diff) cmd_diff "${2:-}" ;;
-  selftest) cmd_selftest ;;
+  selftest) shift; cmd_selftest "$@" ;;
   *) die "usage: make lab N=k | lab-check N=k | lab-save N=k | lab-reset N=k | lab-diff N=k | labs-selftest" ;;
 esac
