@@ -104,7 +104,7 @@ endif
 # 110M shape ~5% faster, the 15M shape's batch bench ~15%; docs/TUNING.md). A policy
 # set in the environment wins over both.
 SUITES = test test-gpu-sizes test-asan test-valgrind nvcc-test gpu-check-dry walkthrough exercise \
-  exercises-selftest fuzz bughunt
+  exercises-selftest exercises-together fuzz bughunt lab-check labs-selftest
 $(SUITES): export OMP_WAIT_POLICY ?= passive
 
 .PHONY: ppl all run smollm2 test lint test-gpu-sizes nvcc-test gpu-check-dry test-asan test-valgrind bench bench-serve bench-save bench-targets plots plot-attn gnuplot debug walkthrough fuzz exercise exercises-selftest exercises-together lab lab-check lab-save lab-reset lab-diff labs-selftest refresh-patches bughunt nvcc-check gpu-check clean deps

@@ -69,6 +69,10 @@ static void lab_both(const char *what, void (*fn)(void)) {
  * reference kvt (--dump-tokens: the ids it fed and chose), for the flags given
  * (--attn naive, --chunk 4, --kv-cache off and --kv-dtype are the ones understood here). */
 static void lab_end_to_end(const char *flags) {
+    if (getenv("KVT_LAB_NO_E2E")) { /* the labs' selftest, for a wrong body: its unit checks must reject it */
+        skip("end to end: KVT_LAB_NO_E2E is set");
+        return;
+    }
     char cmd[1200];
     const char *ids_path = tmp_file("lab_ref_ids.txt");
     snprintf(cmd, sizeof(cmd), "%.500s -m weights/model.bin -z weights/tokenizer.bin -i 'ROMEO:' -t 0 -n 120 --plain "
@@ -364,7 +368,7 @@ static void lab3_step(void) {
                 printf("FAIL lab 3, kvt_step (cache %s): the step with %d tokens of history should return KVT_OK, leave "
                        "the sequence holding %d positions and give the logits of all %d tokens; yours returned %d (%s), "
                        "len %d, logits off by %.3g of their largest\n", cache ? "on" : "off", n, n, n, (int)st,
-                       st != KVT_OK ? kvt_last_error() : "ok", s.len, n, w);
+                       st != KVT_OK ? kvt_last_error() : "ok", s.len, w);
             }
         }
         long rows = e->n_prefill + e->n_decode, want = cache ? 12 : 6 + 7 + 8 + 9 + 10 + 11 + 12;
@@ -632,7 +636,7 @@ static void lab5_quantize(void) {
         for (int i = 0; i < 32 && ok; i++) {
             double err = fabs(v[i] - (double)s * q[i]);
             worst = fmax(worst, err / s);
-            ok &= q[i] >= -127 && q[i] <= 127 && err <= s * (0.5 + 1e-5);
+            ok &= q[i] >= -127 && err <= s * (0.5 + 1e-5); /* (an int8 is <= 127 anyway) */
             top |= q[i] == 127 || q[i] == -127;
         }
         if ((!ok || !top) && bad++ < 3)
@@ -962,8 +966,9 @@ static void lab7_attach(void) {
         KVT_ASSERT(kvt_forward(er, &r, tb, 13, ref, 0) == KVT_OK);
         kvt_seq_free(er, &r);
         double w;
-        expect(rows_close(lg, ref, 1, V, TOL_E2E, &w), "lab 7: b, its first 8 positions attached, gives the logits of "
-               "its 13 tokens computed without sharing (off by %.2g of the largest)", w);
+        int same = rows_close(lg, ref, 1, V, TOL_E2E, &w);
+        expect(same, "lab 7: b, its first 8 positions attached, gives the logits of its 13 tokens computed without "
+               "sharing (off by %.2g of the largest)", w);
     }
     got = prefix_attach(p, e->live, &c, ta, 12);
     expect(got == 8 && c.n_table == 2, "lab 7: c's 12 tokens are a's first 12, three full chunks, but the last token "
