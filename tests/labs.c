@@ -611,7 +611,7 @@ static double lab5_q(double x, double scale) { return scale > 0 ? fmin(127, fmax
 static void lab5_quantize(void) {
     const float x[8] = {1.0f, -2.0f, 12.7f, 0.0f, -12.7f, 6.3f, 3.1f, -0.04f};
     const int want[8] = {10, -20, 127, 0, -127, 63, 31, 0};
-    int8_t q[32];
+    int8_t q[32] = {0};
     float s = quantize_group(x, q, 8);
     int same = 1;
     for (int i = 0; i < 8; i++) same &= q[i] == want[i];
