@@ -17,6 +17,8 @@
 #include "kvtransformer.cu"
 #include <unistd.h> /* getpid: the tests' temporary file names */
 #include <fcntl.h>  /* open: files the exercise checks send a run's output to */
+#include <sys/mman.h> /* KVT_TEST_JOBS: the counter the test processes share */
+#include <sys/wait.h>
 
 /* Tolerances, each relative to the largest |value| of the reference:
  * TOL_OP: one fp32 op (a dot product of <= 512 terms) against float64: fp32
@@ -281,9 +283,26 @@ static int rows_close(const float *got, const float *want, int rows, int V, doub
  * below), for make test-gpu-sizes: the other checks test host code, which is
  * the same at every block size. */
 static int kernels_only(void) { return getenv("KVT_TEST_KERNELS") != NULL; }
+static void run_suite(void);
+static int run_jobs(int jobs);
+/* KVT_TEST_JOBS=2 (make test): the checks run in two processes. Both walk the
+ * RUN lines in order and each takes the next one nobody has taken (a counter
+ * in shared memory), so a process that finishes a long check goes on with the
+ * next one free. Why: an emulated kernel's threads wait at barriers (§2),
+ * which leaves a core idle much of the time. Each process has its own
+ * temporary folder; their output is printed when they are done, then one
+ * summary. */
+static int *run_next; /* the shared counter: the next RUN line to be taken (GCC's atomics: C and nvcc's C++) */
+static int run_mine = -1, run_index, job_id;
 static int run_this(const char *call) {
     const char *only = getenv("KVT_TEST_ONLY");
-    return !only || !*only || strstr(call, only) != NULL;
+    if (only && *only && !strstr(call, only)) return 0;
+    if (!run_next) return 1;
+    int k = run_index++;
+    if (run_mine < 0) run_mine = __atomic_fetch_add(run_next, 1, __ATOMIC_SEQ_CST);
+    if (k != run_mine) return 0; /* another process has it */
+    run_mine = __atomic_fetch_add(run_next, 1, __ATOMIC_SEQ_CST);
+    return 1;
 }
 /* KVT_TEST_TIMES=1: each check's seconds on stderr, to find the slow ones. */
 static void run_timed(const char *call, double t0) {
@@ -319,8 +338,21 @@ int main(int argc, char **argv) {
     return n_fail || !n_pass ? 1 : 0;
 #endif
     int gpu = kvt_gpu_available();
-    if (kernels_only()) skip("host-only checks: KVT_TEST_KERNELS runs the checks that launch kernels");
     printf("kvtransformer tests; GPU kernels run on: %s\n", gpu ? kvt_gpu_name() : "nothing (no CUDA device)");
+    int jobs = getenv("KVT_TEST_JOBS") ? atoi(getenv("KVT_TEST_JOBS")) : 1;
+    if (jobs > 1 && !getenv("KVT_TEST_FIRST_FAIL")) { /* each process makes its own folder */
+        remove_test_dir();
+        return run_jobs(jobs < 8 ? jobs : 8);
+    }
+    run_suite();
+    remove_test_dir();
+    printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    return n_fail ? 1 : 0;
+}
+/* Every check of make test, in order (RUN: see run_this). */
+static void run_suite(void) {
+    int gpu = kvt_gpu_available();
+    if (kernels_only() && job_id == 0) skip("host-only checks: KVT_TEST_KERNELS runs the checks that launch kernels");
     RUN(test_rmsnorm(0));
     RUN(test_matmul(0));
     RUN(test_rope(0, 10000.0));
@@ -399,10 +431,63 @@ int main(int argc, char **argv) {
         RUN_GPU(test_batch(1));
         RUN_GPU(test_prefix_reuse(1));
         RUN_GPU(test_trace_scenario(1));
-    } else {
+    } else if (job_id == 0) {
         skip("GPU kernel checks: an nvcc build without a CUDA device (the C build emulates them)");
     }
-    remove_test_dir();
+}
+/* KVT_TEST_JOBS: n children run the suite, taking checks in turn (run_this);
+ * each writes its lines to a file and its counts to a pipe. A child that dies
+ * is one failure, with the last line it wrote. */
+static int run_jobs(int jobs) {
+    run_next = (int *)mmap(NULL, sizeof(*run_next), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    KVT_ASSERT(run_next != MAP_FAILED);
+    *run_next = 0; /* before any child exists */
+    printf("(the checks run in %d processes, KVT_TEST_JOBS; their lines follow when they are done)\n", jobs);
+    FILE *out[8];
+    int fd[8][2];
+    pid_t pid[8];
+    for (int j = 0; j < jobs; j++) {
+        out[j] = tmpfile();
+        KVT_ASSERT(out[j] && pipe(fd[j]) == 0);
+        fflush(stdout);
+        pid[j] = fork();
+        KVT_ASSERT(pid[j] >= 0);
+        if (pid[j] == 0) {
+            job_id = j;
+            KVT_ASSERT(dup2(fileno(out[j]), 1) >= 0);
+            close(fd[j][0]);
+            int c[3] = {0, 1, 0};
+            if (make_test_dir()) {
+                run_suite();
+                remove_test_dir();
+                c[0] = n_pass, c[1] = n_fail, c[2] = n_skip;
+            }
+            int sent = write(fd[j][1], c, sizeof(c)) == (ssize_t)sizeof(c);
+            exit(sent ? 0 : 3); /* exit, not _exit: a sanitizer's leak check runs at exit */
+        }
+        close(fd[j][1]);
+    }
+    for (int j = 0; j < jobs; j++) {
+        int c[3] = {0, 0, 0}, status = 0;
+        ssize_t got = read(fd[j][0], c, sizeof(c));
+        close(fd[j][0]);
+        waitpid(pid[j], &status, 0);
+        char line[4096], last[4096] = "(nothing)\n";
+        rewind(out[j]);
+        while (fgets(line, sizeof(line), out[j])) {
+            fputs(line, stdout);
+            snprintf(last, sizeof(last), "%s", line);
+        }
+        fclose(out[j]);
+        if (got == (ssize_t)sizeof(c) && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+            n_pass += c[0], n_fail += c[1], n_skip += c[2];
+        } else {
+            n_fail++;
+            printf("FAIL test process %d of %d ended with %s %d (a crash, or a sanitizer's report on stderr); its "
+                   "last line: %s", j + 1, jobs, WIFSIGNALED(status) ? "signal" : "exit status",
+                   WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), last);
+        }
+    }
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail ? 1 : 0;
 }
