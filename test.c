@@ -437,7 +437,9 @@ static void run_suite(void) {
 }
 /* KVT_TEST_JOBS: n children run the suite, taking checks in turn (run_this);
  * each writes its lines to a file and its counts to a pipe. A child that dies
- * is one failure, with the last line it wrote. */
+ * is one failure, with the last line it wrote. The forks come before any
+ * OpenMP region: a child of a process with a running thread pool could hang
+ * in its first one. */
 static int run_jobs(int jobs) {
     run_next = (int *)mmap(NULL, sizeof(*run_next), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     KVT_ASSERT(run_next != MAP_FAILED);
