@@ -115,7 +115,7 @@ test test-gpu-sizes test-asan nvcc-test: export KVT_TEST_JOBS ?= 2
 all: deps kvt
 
 deps:
-	@echo "[make] build: $(BUILD) (nvcc: $(if $(NVCC),$(NVCC),not found); GPU: $(if $(HAVE_GPU),found,none)); OpenBLAS: $(if $(HAVE_BLAS),found (kernels: $(BLAS_CORE)$(if $(OPENBLAS_CORETYPE), -> OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE))),missing)"
+	@echo "[make] build: $(if $(filter nvcc,$(BUILD)),CUDA (nvcc),C with the kernels emulated) (nvcc: $(if $(NVCC),$(NVCC),not found); GPU: $(if $(HAVE_GPU),found,none)); OpenBLAS: $(if $(HAVE_BLAS),found (kernels: $(BLAS_CORE)$(if $(OPENBLAS_CORETYPE), -> OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE))),missing)"
 ifneq ($(HAVE_BLAS),yes)
 	@if [ -n "$(BLAS_DIR)" ]; then \
 	  echo "[make] BLAS_DIR=$(BLAS_DIR) holds no usable OpenBLAS (cblas.h in usr/include/x86_64-linux-gnu/openblas-pthread,"; \

@@ -324,14 +324,14 @@ int main(int argc, char **argv) {
     if (!make_test_dir()) return 1;
 #ifdef KVT_LAB
     lab_ref_bin = argc > 2 ? argv[2] : "./kvt";
-    printf("lab %d check; GPU kernels run on: %s\n", KVT_LAB, kvt_gpu_available() ? kvt_gpu_name() : "nothing");
+    printf("lab %d check; GPU path: %s\n", KVT_LAB, kvt_gpu_available() ? kvt_gpu_name() : "none");
     lab_check();
     remove_test_dir();
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail || !n_pass ? 1 : 0;
 #endif
 #ifdef KVT_EXERCISE
-    printf("exercise %d check; GPU kernels run on: %s\n", KVT_EXERCISE, kvt_gpu_available() ? kvt_gpu_name() : "nothing");
+    printf("exercise %d check; GPU path: %s\n", KVT_EXERCISE, kvt_gpu_available() ? kvt_gpu_name() : "none");
     exercise_check();
     remove_test_dir();
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
