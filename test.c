@@ -8,7 +8,7 @@
  * the helpers the tests share, and main, which calls every test in order.
  * The tests live in tests/, one file per topic, included in place below (one
  * compile, one binary): ops, attention, engine, batches, cli, lint, export,
- * hardening, bench, serve, models, exercises, chat, fuzz.
+ * hardening, bench, serve, models, exercises, labs, chat, fuzz.
  * Usage: ./test_kvt [path to the kvt binary, for the command-line checks]
  * Ends with "N passed, N failed, N skipped"; exits 1 on any failure. */
 #define KVT_NO_MAIN
